@@ -1,0 +1,19 @@
+# The two commands of the README: `make demo` (set up + run the main job) and
+# `make test` (set up + pass the tests). Both are safe to run again.
+.PHONY: setup demo test test-faults bench lint
+
+setup:
+	bash deploy/setup.sh
+
+demo: setup
+	.venv/bin/aldebaran demo
+
+test:
+	SETUP_TEST_TOOLS=1 bash deploy/setup.sh
+	.venv/bin/python -m pytest -q -p no:cacheprovider
+
+test-faults: setup
+	.venv/bin/python -m pytest -q -m faults
+
+bench: setup
+	.venv/bin/aldebaran bench

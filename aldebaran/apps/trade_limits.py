@@ -1,0 +1,88 @@
+"""The trade-limit auditor: alert when an order's purchases exceed its request (CONTRACT §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from aldebaran.core.rule import Alert, iso_utc
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
+
+
+@dataclass(slots=True)
+class Order:
+    order_id: str
+    request: PurchaseRequest | None = None
+    purchases: list[Purchase] = field(default_factory=list)
+    purchased: int = 0
+    alerted: bool = False
+
+
+class TradeLimits:
+    """over_purchase once the distinct purchases exceed the request; purchase_without_request at close."""
+
+    name = "trade_limits"
+    queue_prefix = "book-"
+
+    def accepts(self, event: TradeEvent) -> bool:
+        return isinstance(event, (PurchaseRequest, Purchase))
+
+    def key(self, event: TradeEvent) -> str:
+        return event.order_id
+
+    def event_id(self, event: TradeEvent) -> str:
+        # Requests and purchases are separate id spaces: purchase "1" is not request "1".
+        return ("r:" if isinstance(event, PurchaseRequest) else "p:") + event.id
+
+    def opens(self, event: TradeEvent) -> bool:
+        return isinstance(event, PurchaseRequest)
+
+    def ttl_seconds(self, default: float) -> float:
+        return default
+
+    def new_state(self, key: str) -> Order:
+        return Order(order_id=key)
+
+    def apply(self, state: Order, event: TradeEvent, now: datetime) -> list[Alert]:
+        if isinstance(event, PurchaseRequest):
+            if state.request is None:
+                state.request = event
+        else:
+            state.purchases.append(event)
+            state.purchased += event.shares
+        return self._check(state, now)
+
+    def close(self, state: Order, now: datetime) -> list[Alert]:
+        if state.request is None and state.purchases:
+            first = state.purchases[0]
+            return [self._alert("purchase_without_request", state, first.client, first.stock, now)]
+        return []
+
+    def is_final(self, state: Order) -> bool:
+        return state.alerted
+
+    def _check(self, state: Order, now: datetime) -> list[Alert]:
+        request = state.request
+        if state.alerted or request is None or state.purchased <= request.shares:
+            return []
+        state.alerted = True
+        return [self._alert("over_purchase", state, request.client, request.stock, now)]
+
+    def _alert(self, kind: str, state: Order, client: str, stock: str, now: datetime) -> Alert:
+        return Alert(
+            alert_id=f"{kind}:{state.order_id}",
+            kind=kind,
+            key=state.order_id,
+            detected_at=iso_utc(now),
+            fields={
+                "order_id": state.order_id,
+                "client": client,
+                "stock": stock,
+                "requested_shares": state.request.shares if state.request else None,
+                "purchased_shares": state.purchased,
+                "purchase_ids": [p.id for p in state.purchases],
+            },
+        )
+
+
+rule = TradeLimits()

@@ -1,0 +1,1 @@
+"""The reusable core: rules, books, routing and the alert outbox, knowing nothing of trades."""

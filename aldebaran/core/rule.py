@@ -1,0 +1,70 @@
+"""What an application plugs into the core: a rule that keys events and turns them into alerts.
+
+A rule is pure: given a state, an event and the time, it says which alerts fire. The
+core owns everything else (queues, dedup by event id, book lifetimes, crash recovery).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Protocol, Sequence, TypeVar
+
+import msgspec
+
+State = TypeVar("State")
+Event = Any  # a rule's own event type (msgspec Structs in practice)
+
+
+class Alert(msgspec.Struct, frozen=True, kw_only=True):
+    """An alert as the core moves it: a stable id, a kind, and the rule's own fields."""
+
+    alert_id: str
+    kind: str
+    key: str
+    detected_at: str
+    fields: dict[str, Any] = {}
+
+    def to_json(self) -> bytes:
+        """The wire form: a flat JSON object (CONTRACT §3)."""
+        return msgspec.json.encode(
+            {"alert_id": self.alert_id, "kind": self.kind, **self.fields, "detected_at": self.detected_at}
+        )
+
+
+def iso_utc(moment: datetime) -> str:
+    """ISO 8601 with a Z suffix and millisecond precision."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class Rule(Protocol, Generic[State]):
+    """An application of the core. See docs/extending.md for a walk-through."""
+
+    name: str
+    queue_prefix: str
+
+    def accepts(self, event: Event) -> bool:
+        """Whether this rule wants the event at all."""
+
+    def key(self, event: Event) -> str:
+        """The book the event belongs to (an order id, a client and day, ...)."""
+
+    def event_id(self, event: Event) -> str:
+        """The identity an event counts once by, however often it is delivered."""
+
+    def opens(self, event: Event) -> bool:
+        """Whether the event announces its book on the work queue (iteration 5: requests)."""
+
+    def ttl_seconds(self, default: float) -> float:
+        """How long a book lives from its first event."""
+
+    def new_state(self, key: str) -> State:
+        """A fresh, empty state for one book."""
+
+    def apply(self, state: State, event: Event, now: datetime) -> Sequence[Alert]:
+        """Count one new (never seen) event; return the alerts it fires."""
+
+    def close(self, state: State, now: datetime) -> Sequence[Alert]:
+        """The book's time is up; return the alerts that closing fires."""
+
+    def is_final(self, state: State) -> bool:
+        """True when no later event can fire anything (the book may ack eagerly)."""

@@ -1,0 +1,1 @@
+"""The edges: connections to RabbitMQ and Redis."""

@@ -1,0 +1,29 @@
+"""Prometheus metrics of every worker, named and documented in one place."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+EVENTS_CONSUMED = Counter("aldebaran_events_consumed_total", "Trade events decoded by aggregators", ["type"])
+DEAD_LETTERED = Counter("aldebaran_messages_dead_lettered_total", "Messages sent to the dead-letter queue", ["reason"])
+BOOKS_OPEN = Gauge("aldebaran_books_open", "Books currently held by this process")
+BOOK_EVENTS = Counter("aldebaran_book_events_total", "Events offered to books, by outcome", ["outcome"])
+ALERTS_FIRED = Counter("aldebaran_alerts_fired_total", "Alerts published to the alert exchange", ["kind"])
+ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts suppressed as already sent")
+ALERTS_DELIVERED = Counter("aldebaran_alerts_delivered_total", "Alerts delivered to a channel's recipient", ["channel"])
+DELIVERY_RETRIES = Counter("aldebaran_delivery_retries_total", "Failed delivery attempts that will be retried", ["channel"])
+DELIVERY_DEAD_LETTERED = Counter("aldebaran_delivery_dead_lettered_total", "Alerts parked after the last attempt", ["channel"])
+BATCH_EVENTS = Histogram("aldebaran_batch_events", "Events per consumed or published AMQP message", ["stage"], buckets=BATCH_BUCKETS)
+PROCESSING_LATENCY = Histogram(
+    "aldebaran_processing_latency_seconds", "Time from ingest to a pipeline stage", ["stage"], buckets=LATENCY_BUCKETS
+)
+BROKER_RECONNECTS = Counter("aldebaran_broker_reconnects_total", "Reconnections to RabbitMQ", ["component"])
+
+
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on `port` (0 disables it)."""
+    if port:
+        start_http_server(port, addr=host)

@@ -1,0 +1,1 @@
+"""The trade domain: purchase requests, purchases, and their wire forms."""

@@ -1,0 +1,243 @@
+"""Trade data on the wire: JSON objects, the design document's text form, batches, msgpack.
+
+Every way a message can be wrong ends in one `DecodeError` with a reason a person can
+act on; nothing else escapes `decode_message`. A batch is judged element by element,
+so one bad element is rejected and its neighbours go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import msgspec
+
+from aldebaran.trades.events import MAX_SHARES, Purchase, PurchaseRequest, TradeEvent
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+TEXT = "text/plain"
+
+
+class DecodeError(ValueError):
+    """One unreadable message or batch element, with the reason and the offending bytes."""
+
+    def __init__(self, reason: str, raw: bytes = b"", index: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+        self.index = index
+
+
+@dataclass(slots=True)
+class Decoded:
+    """What one AMQP message held: the good events and the rejected elements."""
+
+    events: list[TradeEvent] = field(default_factory=list)
+    rejects: list[DecodeError] = field(default_factory=list)
+
+
+# Fast path: msgspec validates the common, correct shape in C.
+class _Wire(msgspec.Struct, rename={"shares": "#shares"}, gc=False):
+    id: str | int
+    shares: int
+    client: str
+    stock: str
+    initial_order_id: str | int | None = None
+
+
+_json_batch = msgspec.json.Decoder(list[_Wire])
+_json_one = msgspec.json.Decoder(_Wire)
+_msgpack_batch = msgspec.msgpack.Decoder(list[_Wire])
+_msgpack_one = msgspec.msgpack.Decoder(_Wire)
+_json_any = msgspec.json.Decoder()
+_msgpack_any = msgspec.msgpack.Decoder()
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+
+# The text form's keys, normalised (lower case, no spaces or underscores).
+_KEYS = {"id": "id", "#shares": "#shares", "initialorderid": "initial_order_id",
+         "client": "client", "stock": "stock"}
+
+
+def _norm_key(key: str) -> str:
+    return key.strip().lower().replace(" ", "").replace("_", "")
+
+
+def _ident(value: Any, name: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise DecodeError(f"{name} must be a non-empty string or an integer, got {_show(value)}")
+    text = str(value) if isinstance(value, int) else value
+    if not text.strip():
+        raise DecodeError(f"{name} must be a non-empty string or an integer, got {_show(value)}")
+    if len(text) > 200:
+        raise DecodeError(f"{name} must be at most 200 characters, got {len(text)}")
+    return text
+
+
+def _shares(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DecodeError(f"#shares must be a positive integer, got {_show(value)}")
+    if value > MAX_SHARES:
+        raise DecodeError(f"#shares must be at most {MAX_SHARES}, got {_show(value)}")
+    return value
+
+
+def _label(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DecodeError(f"{name} must be a non-empty string, got {_show(value)}")
+    if len(value) > 200:
+        raise DecodeError(f"{name} must be at most 200 characters, got {len(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def event_from_mapping(obj: Any) -> TradeEvent:
+    """Validate one decoded object (JSON, msgpack or text form) into a typed event."""
+    if not isinstance(obj, dict):
+        raise DecodeError(f"an event must be an object, got {type(obj).__name__}")
+    fields: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(key, str) and (canonical := _KEYS.get(_norm_key(key))):
+            fields[canonical] = value
+    for required in ("id", "#shares", "client", "stock"):
+        if required not in fields:
+            raise DecodeError(f"missing field {required!r}")
+    ident = _ident(fields["id"], "id")
+    shares = _shares(fields["#shares"])
+    client = _label(fields["client"], "client")
+    stock = _label(fields["stock"], "stock")
+    order = fields.get("initial_order_id")
+    if order is None:
+        return PurchaseRequest(id=ident, shares=shares, client=client, stock=stock)
+    return Purchase(id=ident, order_id=_ident(order, "initial_order_id"), shares=shares,
+                    client=client, stock=stock)
+
+
+def _from_wire(wire: _Wire) -> TradeEvent:
+    # The C-validated shape still needs the domain's own checks (positive, non-empty...).
+    return event_from_mapping({"id": wire.id, "#shares": wire.shares, "client": wire.client,
+                               "stock": wire.stock, "initial_order_id": wire.initial_order_id})
+
+
+def parse_text_form(text: str) -> dict[str, str]:
+    """The design document's `key: value` lines (`id:1`, `# shares: 100`, ...)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise DecodeError(f"text form line without ':': {_show(line)}")
+        name = _KEYS.get(_norm_key(key))
+        if name is None:
+            raise DecodeError(f"text form has an unknown field {_show(key.strip())}")
+        if name in fields:
+            raise DecodeError(f"text form repeats the field {name!r}")
+        fields[name] = value.strip()
+    if not fields:
+        raise DecodeError("empty message")
+    return fields
+
+
+def _elements(items: Iterable[Any], encode: Any, decoded: Decoded) -> None:
+    for index, item in enumerate(items):
+        try:
+            decoded.events.append(event_from_mapping(item))
+        except DecodeError as exc:
+            exc.index, exc.raw = index, _safe_encode(encode, item)
+            decoded.rejects.append(exc)
+
+
+def _safe_encode(encode: Any, item: Any) -> bytes:
+    try:
+        return encode(item)
+    except Exception:  # noqa: BLE001 - a reject must carry *some* bytes
+        return repr(item).encode()[:4096]
+
+
+def decode_message(body: bytes, content_type: str | None = None, max_bytes: int = 1 << 20) -> Decoded:
+    """Decode one AMQP message body into events and per-element rejects. Never raises."""
+    decoded = Decoded()
+    try:
+        if len(body) > max_bytes:
+            raise DecodeError(f"message of {len(body)} bytes exceeds the limit of {max_bytes}")
+        if content_type == MSGPACK:
+            _decode_structured(body, decoded, _msgpack_batch, _msgpack_one, _msgpack_any,
+                               _msgpack_encoder.encode, "msgpack")
+            return decoded
+        stripped = body.lstrip()
+        if stripped[:1] in (b"{", b"["):
+            _decode_structured(body, decoded, _json_batch, _json_one, _json_any,
+                               _json_encoder.encode, "JSON")
+            return decoded
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DecodeError("neither JSON nor the text form: not valid UTF-8") from None
+        decoded.events.append(event_from_mapping(parse_text_form(text)))
+    except DecodeError as exc:
+        exc.raw = exc.raw or body
+        decoded.rejects.append(exc)
+    except RecursionError:
+        decoded.rejects.append(DecodeError("structure nested too deeply", body))
+    return decoded
+
+
+def _decode_structured(body: bytes, decoded: Decoded, batch: Any, one: Any, anything: Any,
+                       encode: Any, what: str) -> None:
+    try:
+        try:
+            wires = batch.decode(body)
+            if not wires:
+                raise DecodeError("empty batch")
+            decoded.events.extend(_from_wire(w) for w in wires)
+            return
+        except msgspec.ValidationError:
+            pass
+        try:
+            decoded.events.append(_from_wire(one.decode(body)))
+            return
+        except msgspec.ValidationError:
+            pass
+    except DecodeError as exc:
+        if exc.reason == "empty batch":
+            raise
+        decoded.events.clear()  # fall through to the element-by-element path
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not valid {what}: {exc}") from None
+    try:
+        value = anything.decode(body)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"not valid {what}: {exc}") from None
+    if isinstance(value, list):
+        if not value:
+            raise DecodeError("empty batch")
+        _elements(value, encode, decoded)
+    else:
+        decoded.events.append(event_from_mapping(value))
+
+
+def encode_json(events: Iterable[TradeEvent]) -> bytes:
+    """A JSON array batch in the public wire form."""
+    return _json_encoder.encode([e.to_wire() for e in events])
+
+
+def encode_msgpack(events: Iterable[TradeEvent]) -> bytes:
+    """A msgpack array batch (content type application/msgpack)."""
+    return _msgpack_encoder.encode([e.to_wire() for e in events])
+
+
+def encode_text(event: TradeEvent) -> bytes:
+    """The design document's text form of one event."""
+    lines = [f"id:{event.id}"]
+    if isinstance(event, Purchase):
+        lines.append(f"initial order id: {event.order_id}")
+    lines += [f"# shares: {event.shares}", f"client: {event.client}", f"stock: {event.stock}"]
+    return "\n".join(lines).encode()

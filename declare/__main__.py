@@ -1,0 +1,3 @@
+from aldebaran.cli import main
+
+raise SystemExit(main(["declare"]))

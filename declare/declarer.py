@@ -1,0 +1,75 @@
+"""Declare the topology on a broker, idempotently, and explain conflicts by name."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pika
+import pika.exceptions
+
+from aldebaran.errors import TopologyConflict, UnavailableError
+from aldebaran.settings import Settings, mask_url
+from declare.topology import Topology, topology
+
+
+def describe(top: Topology) -> list[str]:
+    """One line per declaration, as `--dry-run` prints them."""
+    lines = [f"exchange {e.name} ({e.type}, durable)" for e in top.exchanges]
+    for q in top.queues:
+        args = ", ".join(f"{k}={v}" for k, v in sorted(q.arguments.items()))
+        bound = f", bound to {q.bind_to} with key {q.name}" if q.bind_to else ""
+        lines.append(f"queue {q.name} (durable{', ' + args if args else ''}{bound})")
+    return lines
+
+
+def open_blocking(url: str) -> pika.BlockingConnection:
+    """A pika connection with short timeouts; unreachable brokers raise `UnavailableError`."""
+    params = pika.URLParameters(url)
+    params.connection_attempts = 1
+    params.socket_timeout = 5
+    params.blocked_connection_timeout = 30
+    try:
+        return pika.BlockingConnection(params)
+    except pika.exceptions.ProbableAuthenticationError as exc:
+        raise UnavailableError(f"RabbitMQ at {mask_url(url)} refused the credentials: {exc}") from None
+    except (pika.exceptions.AMQPError, OSError) as exc:
+        detail = str(exc) or (repr(exc.args[0]) if exc.args else type(exc).__name__)
+        reason = mask_url(detail)
+        raise UnavailableError(f"cannot connect to RabbitMQ at {mask_url(url)}: {reason}") from None
+
+
+def declare(settings: Settings, echo: Callable[[str], None] = print) -> int:
+    """Declare everything; returns how many objects were declared."""
+    top = topology(settings)
+    url = settings.broker_urls[0]
+    connection = open_blocking(url)
+    try:
+        channel = connection.channel()
+        for exchange in top.exchanges:
+            channel = _guarded(connection, channel, f"exchange {exchange.name}", lambda ch: ch.exchange_declare(
+                exchange=exchange.name, exchange_type=exchange.type, durable=True))
+        for queue in top.queues:
+            channel = _guarded(connection, channel, f"queue {queue.name}", lambda ch: ch.queue_declare(
+                queue=queue.name, durable=True, arguments=queue.arguments or None))
+            if queue.bind_to:
+                channel.queue_bind(queue=queue.name, exchange=queue.bind_to, routing_key=queue.name)
+        for line in describe(top):
+            echo(f"declared {line}")
+        return len(top.exchanges) + len(top.queues)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _guarded(connection: pika.BlockingConnection, channel: object, what: str,
+             action: Callable[[object], object]) -> object:
+    try:
+        action(channel)
+        return channel
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 406:
+            raise TopologyConflict(
+                f"{what} already exists with different arguments: {exc.reply_text}. "
+                "Delete it or align the settings (queue_type, ingress_max_length, ...)."
+            ) from None
+        raise

@@ -1,0 +1,101 @@
+"""Every exchange and queue Aldebaran uses, as plain data, derived from the settings.
+
+Workers that declare on the fly (per-order book queues) take their arguments from here
+too, so a queue is always declared the same way and never trips over itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aldebaran.settings import Settings
+
+TRADE_DATA = "Aldebaran.Trade_Data"
+WORK_QUEUE = "Aldebaran.Purchase_Request"
+ALERT = "Aldebaran.Alert"
+DEAD_LETTER = "Aldebaran.Dead_Letter"
+CHANNEL_PREFIX = "Aldebaran.Channel."
+SHARD_PREFIX = "book-shard-"
+REASON_HEADER = "x-aldebaran-reason"
+
+
+def channel_queue(name: str) -> str:
+    return f"{CHANNEL_PREFIX}{name}"
+
+
+def channel_dead_letter(name: str) -> str:
+    return f"{CHANNEL_PREFIX}{name}.Dead_Letter"
+
+
+def shard_queue(shard: int) -> str:
+    return f"{SHARD_PREFIX}{shard}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeSpec:
+    name: str
+    type: str = "direct"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    bind_to: str | None = None  # exchange; routing key = queue name
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    exchanges: list[ExchangeSpec]
+    queues: list[QueueSpec]
+
+
+def durable_arguments(settings: Settings, dead_letter: str | None = DEAD_LETTER) -> dict[str, Any]:
+    """Arguments of a queue that must not lose data (quorum on clusters)."""
+    if settings.queue_type != "quorum":
+        return {}
+    args: dict[str, Any] = {"x-queue-type": "quorum", "x-delivery-limit": settings.delivery_limit}
+    if dead_letter:
+        args["x-dead-letter-exchange"] = ""
+        args["x-dead-letter-routing-key"] = dead_letter
+    return args
+
+
+def book_queue_arguments(settings: Settings) -> dict[str, Any]:
+    """A per-order book queue: one active consumer, gone by itself once abandoned."""
+    expires_ms = int((settings.book_ttl_seconds * 3 + 60) * 1000)
+    args: dict[str, Any] = {"x-single-active-consumer": True, "x-expires": expires_ms}
+    args.update(durable_arguments(settings))
+    return args
+
+
+def shard_queue_arguments(settings: Settings) -> dict[str, Any]:
+    args: dict[str, Any] = {"x-single-active-consumer": True}
+    args.update(durable_arguments(settings))
+    return args
+
+
+def ingress_arguments(settings: Settings) -> dict[str, Any]:
+    args = durable_arguments(settings)
+    if settings.ingress_max_length:
+        args["x-max-length"] = settings.ingress_max_length
+        args["x-overflow"] = "reject-publish"
+    return args
+
+
+def topology(settings: Settings) -> Topology:
+    """The whole CONTRACT §2 topology for these settings."""
+    exchanges = [ExchangeSpec(TRADE_DATA), ExchangeSpec(ALERT)]
+    queues = [
+        QueueSpec(TRADE_DATA, ingress_arguments(settings), bind_to=TRADE_DATA),
+        QueueSpec(WORK_QUEUE, durable_arguments(settings)),
+        QueueSpec(ALERT, durable_arguments(settings), bind_to=ALERT),
+        QueueSpec(DEAD_LETTER, durable_arguments(settings, dead_letter=None)),
+    ]
+    for channel in settings.channels:
+        queues.append(QueueSpec(channel_queue(channel.name), durable_arguments(settings)))
+        queues.append(QueueSpec(channel_dead_letter(channel.name), durable_arguments(settings, None)))
+    if settings.mode == "sharded":
+        queues += [QueueSpec(shard_queue(i), shard_queue_arguments(settings)) for i in range(settings.shards)]
+    return Topology(exchanges, queues)

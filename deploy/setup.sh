@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One-command set-up, idempotent: a virtualenv with Aldebaran and its test extras, and a
+# RabbitMQ (with the management and tracing plugins) and a Redis answering where the
+# settings say. On Debian/Ubuntu as root it installs and starts what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+AMQP_HOST=${SETUP_AMQP_HOST:-127.0.0.1}
+AMQP_PORT=${SETUP_AMQP_PORT:-5672}
+REDIS_HOST=${SETUP_REDIS_HOST:-127.0.0.1}
+REDIS_PORT=${SETUP_REDIS_PORT:-6379}
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '[setup] %s\n' "$*" >&2; exit 1; }
+answers() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+is_debian_root() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+APT_UPDATED=
+apt_install() {
+  is_debian_root || die "missing: $* — install it, or start the services with deploy/docker-compose.yml (docker compose -f deploy/docker-compose.yml up -d)"
+  if [ -z "$APT_UPDATED" ]; then apt-get update -qq; APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# 1. Python environment
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python >= 3.11 needed ($PYTHON is older)"
+[ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  say "installing aldebaran with test extras into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test]'
+  rm -f .venv/.installed-*; touch "$stamp"
+fi
+
+# 2. RabbitMQ
+if ! answers "$AMQP_HOST" "$AMQP_PORT"; then
+  if ! command -v rabbitmq-server >/dev/null; then say "installing rabbitmq-server"; apt_install rabbitmq-server; fi
+  [ "$AMQP_HOST" = 127.0.0.1 ] || die "RabbitMQ does not answer at $AMQP_HOST:$AMQP_PORT"
+  say "starting RabbitMQ"
+  rabbitmq-server -detached
+  for _ in $(seq 90); do answers "$AMQP_HOST" "$AMQP_PORT" && break; sleep 1; done
+  answers "$AMQP_HOST" "$AMQP_PORT" || die "RabbitMQ did not start (see /var/log/rabbitmq)"
+fi
+if command -v rabbitmq-plugins >/dev/null && [ "$AMQP_HOST" = 127.0.0.1 ]; then
+  rabbitmqctl await_startup >/dev/null 2>&1 || true
+  if ! rabbitmq-plugins list -e -m 2>/dev/null | grep -q '^rabbitmq_tracing$' \
+     || ! rabbitmq-plugins list -e -m 2>/dev/null | grep -q '^rabbitmq_management$'; then
+    say "enabling rabbitmq_management and rabbitmq_tracing"
+    rabbitmq-plugins enable rabbitmq_management rabbitmq_tracing >/dev/null
+  fi
+  for _ in $(seq 60); do answers 127.0.0.1 15672 && break; sleep 1; done
+  answers 127.0.0.1 15672 || die "the RabbitMQ management API does not answer on 15672"
+fi
+
+# 3. Redis
+if ! answers "$REDIS_HOST" "$REDIS_PORT"; then
+  if ! command -v redis-server >/dev/null; then say "installing redis-server"; apt_install redis-server; fi
+  [ "$REDIS_HOST" = 127.0.0.1 ] || die "Redis does not answer at $REDIS_HOST:$REDIS_PORT"
+  say "starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT"
+  for _ in $(seq 30); do answers "$REDIS_HOST" "$REDIS_PORT" && break; sleep 1; done
+  answers "$REDIS_HOST" "$REDIS_PORT" || die "Redis did not start"
+fi
+
+# 4. Tools the audit and the test suite use
+command -v java >/dev/null || { say "installing a Java runtime for Spark"; apt_install openjdk-17-jre-headless; }
+if [ "${SETUP_TEST_TOOLS:-0}" = 1 ]; then
+  command -v chromium >/dev/null || { say "installing Debian's chromium for the browser test"; apt_install chromium; }
+  command -v systemd-analyze >/dev/null || { say "installing systemd for unit verification"; apt_install systemd; }
+fi
+say "ready: RabbitMQ $AMQP_HOST:$AMQP_PORT, Redis $REDIS_HOST:$REDIS_PORT, .venv"

@@ -1,0 +1,59 @@
+"""Fixtures with real services: a RabbitMQ vhost and a Redis key prefix per test."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from aldebaran.settings import Settings
+from tests.support import services
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _real_services() -> None:
+    services.check_services()
+
+
+@pytest.fixture
+def vhost() -> Iterator[services.Vhost]:
+    created = services.create_vhost()
+    yield created
+    services.delete_vhost(created)
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    prefix = services.redis_prefix()
+    yield prefix
+    services.clean_redis(prefix)
+
+
+@pytest.fixture
+def settings(vhost: services.Vhost, redis_prefix: str, tmp_path) -> Settings:
+    """Settings pointing at this test's own vhost and key prefix."""
+    return Settings(
+        amqp_url=vhost.amqp_url,
+        redis_url=services.REDIS_URL,
+        redis_key_prefix=redis_prefix,
+        management_url=services.MANAGEMENT_URL,
+        traces_dir=str(tmp_path / "traces"),
+        book_ttl_seconds=60,
+    )
+
+
+@pytest.fixture
+def worker_env(vhost: services.Vhost, redis_prefix: str, tmp_path) -> dict[str, str]:
+    """Environment for `aldebaran` subprocesses bound to this test's vhost and prefix."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALDEBARAN_")}
+    env.update(
+        ALDEBARAN_AMQP_URL=vhost.amqp_url,
+        ALDEBARAN_REDIS_URL=services.REDIS_URL,
+        ALDEBARAN_REDIS_KEY_PREFIX=redis_prefix,
+        ALDEBARAN_MANAGEMENT_URL=services.MANAGEMENT_URL,
+        ALDEBARAN_TRACES_DIR=str(tmp_path / "traces"),
+        ALDEBARAN_LOG_FORMAT="json",
+        PYTHONUNBUFFERED="1",
+    )
+    return env

@@ -1,0 +1,1 @@
+"""Shared test support: real services, per-test isolation, process drivers."""

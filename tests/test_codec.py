@@ -1,0 +1,133 @@
+"""The trade codec: all three wire forms, batches judged per element, one typed error."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+from hypothesis import given, settings as hsettings, strategies as st
+
+from aldebaran.trades.codec import (
+    MSGPACK,
+    DecodeError,
+    decode_message,
+    encode_json,
+    encode_msgpack,
+    encode_text,
+)
+from aldebaran.trades.events import MAX_SHARES, Purchase, PurchaseRequest
+
+DOC_REQUEST = b"id:1\n# shares: 100\nclient: Sendence\nstock: AAPL\n"
+DOC_PURCHASE_2 = b"id:2\ninitial order id: 1\n# shares: 90\nclient: Sendence\nstock: AAPL\n"
+DOC_PURCHASE_3 = b"id:3\ninitial order id: 1\n# shares: 30\nclient: Sendence\nstock: AAPL\n"
+
+# Text-form-safe strings: no line breaks, no surrounding blanks.
+label = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=30).map(
+    str.strip).filter(bool)
+ident = st.one_of(label, st.integers(min_value=0, max_value=10**12).map(str))
+shares = st.integers(min_value=1, max_value=MAX_SHARES)
+requests = st.builds(PurchaseRequest, id=ident, shares=shares, client=label, stock=label)
+purchases = st.builds(Purchase, id=ident, order_id=ident, shares=shares, client=label, stock=label)
+events = st.one_of(requests, purchases)
+
+
+def test_design_document_examples_decode_exactly() -> None:
+    assert decode_message(DOC_REQUEST).events == [PurchaseRequest("1", 100, "Sendence", "AAPL")]
+    assert decode_message(DOC_PURCHASE_2).events == [Purchase("2", "1", 90, "Sendence", "AAPL")]
+    assert decode_message(DOC_PURCHASE_3).events == [Purchase("3", "1", 30, "Sendence", "AAPL")]
+
+
+def test_publisher_shape_with_integer_ids() -> None:
+    body = json.dumps({"id": 2, "initial_order_id": 1, "#shares": 90, "client": "S", "stock": "AAPL"})
+    assert decode_message(body.encode()).events == [Purchase("2", "1", 90, "S", "AAPL")]
+
+
+@given(events)
+def test_json_object_round_trip(event) -> None:
+    body = msgspec.json.encode(event.to_wire())
+    assert decode_message(body).events == [event]
+
+
+@given(events)
+def test_text_form_round_trip(event) -> None:
+    assert decode_message(encode_text(event)).events == [event]
+
+
+@given(st.lists(events, min_size=1, max_size=50))
+def test_json_batch_round_trip(batch) -> None:
+    decoded = decode_message(encode_json(batch))
+    assert decoded.events == batch and decoded.rejects == []
+
+
+@given(st.lists(events, min_size=1, max_size=50))
+def test_msgpack_batch_round_trip(batch) -> None:
+    decoded = decode_message(encode_msgpack(batch), MSGPACK)
+    assert decoded.events == batch and decoded.rejects == []
+
+
+def test_bad_element_in_batch_is_rejected_alone() -> None:
+    good = {"id": "a", "#shares": 5, "client": "c", "stock": "s"}
+    bad = {"id": "b", "#shares": -5, "client": "c", "stock": "s"}
+    decoded = decode_message(json.dumps([good, bad, good | {"id": "c"}]).encode())
+    assert [e.id for e in decoded.events] == ["a", "c"]
+    assert len(decoded.rejects) == 1
+    reject = decoded.rejects[0]
+    assert reject.reason == "#shares must be a positive integer, got -5"
+    assert reject.index == 1 and json.loads(reject.raw) == bad
+
+
+def test_reasons_are_readable() -> None:
+    cases = {
+        b'{"id": 1, "client": "c", "stock": "s"}': "missing field '#shares'",
+        b'{"id": 1, "#shares": 0, "client": "c", "stock": "s"}': "#shares must be a positive integer, got 0",
+        b'{"id": 1, "#shares": 1.5, "client": "c", "stock": "s"}': "#shares must be a positive integer, got 1.5",
+        b'{"id": "", "#shares": 1, "client": "c", "stock": "s"}': "id must be a non-empty string or an integer, got ''",
+        b'{"id": true, "#shares": 1, "client": "c", "stock": "s"}': "id must be a non-empty string or an integer, got True",
+        b"[]": "empty batch",
+        b"\xff\x00": "neither JSON nor the text form: not valid UTF-8",
+        b"id:1\nnonsense": "text form line without ':': 'nonsense'",
+        b"": "empty message",
+    }
+    for body, reason in cases.items():
+        decoded = decode_message(body)
+        assert decoded.events == [], body
+        assert [r.reason for r in decoded.rejects] == [reason], body
+
+
+def test_oversized_body_is_rejected() -> None:
+    body = encode_json([PurchaseRequest("1", 1, "c", "s")] * 100)
+    decoded = decode_message(body, max_bytes=1024)
+    assert decoded.events == []
+    assert decoded.rejects[0].reason.startswith(f"message of {len(body)} bytes exceeds the limit of 1024")
+
+
+def test_deep_nesting_and_huge_integers_are_rejected() -> None:
+    assert decode_message(b"[" * 100_000).rejects[0].reason
+    huge = b'{"id": 1, "#shares": 123456789012345678901234567890, "client": "c", "stock": "s"}'
+    assert decode_message(huge).rejects[0].reason.startswith("#shares must be at most")
+
+
+@hsettings(max_examples=400)
+@given(st.binary(max_size=400), st.sampled_from([None, "application/json", MSGPACK, "text/plain"]))
+def test_arbitrary_bytes_yield_events_or_typed_errors(body, content_type) -> None:
+    decoded = decode_message(body, content_type)
+    for event in decoded.events:
+        assert isinstance(event, (PurchaseRequest, Purchase)) and event.shares > 0
+    for reject in decoded.rejects:
+        assert isinstance(reject, DecodeError) and reject.reason
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "#shares", "initial_order_id", "client", "stock", "x"]), children, max_size=6),
+    max_leaves=20,
+)
+
+
+@hsettings(max_examples=400)
+@given(json_values)
+def test_arbitrary_json_yields_events_or_typed_errors(value) -> None:
+    decoded = decode_message(json.dumps(value).encode())
+    assert decoded.events or decoded.rejects
+    assert all(isinstance(r, DecodeError) and r.reason for r in decoded.rejects)

@@ -1,0 +1,74 @@
+"""`aldebaran declare` against a real broker, in a fresh virtual host per test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pika
+
+from declare.topology import DEAD_LETTER
+
+CONTRACT_QUEUES = {"Aldebaran.Trade_Data", "Aldebaran.Purchase_Request", "Aldebaran.Alert", DEAD_LETTER}
+CONTRACT_EXCHANGES = {"Aldebaran.Trade_Data", "Aldebaran.Alert"}
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aldebaran.cli", "declare", *args],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_declares_every_contract_name_and_is_idempotent(vhost, worker_env) -> None:
+    first = run(worker_env)
+    assert first.returncode == 0, first.stderr
+    queues, exchanges = vhost.queues(), vhost.exchanges()
+    assert CONTRACT_QUEUES <= set(queues)
+    assert CONTRACT_EXCHANGES <= set(exchanges)
+    assert all(q["durable"] for q in queues.values())
+    assert exchanges["Aldebaran.Trade_Data"]["type"] == "direct"
+
+    second = run(worker_env)
+    assert second.returncode == 0, second.stderr
+    assert {n: q["arguments"] for n, q in vhost.queues().items()} == {n: q["arguments"] for n, q in queues.items()}
+    assert set(vhost.exchanges()) == set(exchanges)
+
+
+def test_trade_data_is_routed_to_its_queue(vhost, worker_env) -> None:
+    assert run(worker_env).returncode == 0
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
+    channel = connection.channel()
+    channel.basic_publish("Aldebaran.Trade_Data", "Aldebaran.Trade_Data", b"id:1")
+    method, _, body = channel.basic_get("Aldebaran.Trade_Data", auto_ack=True)
+    connection.close()
+    assert body == b"id:1"
+
+
+def test_quorum_queue_type_with_explicit_delivery_limit(vhost, worker_env) -> None:
+    result = run(worker_env, "--queue-type", "quorum")
+    assert result.returncode == 0, result.stderr
+    trade = vhost.queues()["Aldebaran.Trade_Data"]
+    assert trade["type"] == "quorum"
+    assert trade["arguments"]["x-delivery-limit"] == 20
+
+
+def test_conflicting_queue_exits_non_zero_naming_it(vhost, worker_env) -> None:
+    assert run(worker_env).returncode == 0
+    result = run(worker_env, "--queue-type", "quorum")
+    assert result.returncode != 0
+    assert "queue Aldebaran.Trade_Data already exists with different arguments" in result.stderr
+    assert "inequivalent arg" in result.stderr and "current is none" in result.stderr
+
+
+def test_unreachable_broker_names_the_masked_url(worker_env) -> None:
+    env = dict(worker_env, ALDEBARAN_AMQP_URL="amqp://guest:s3cret@127.0.0.1:1/")
+    result = run(env)
+    assert result.returncode == 69
+    assert "cannot connect to RabbitMQ at amqp://guest:***@127.0.0.1:1/" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
+
+
+def test_dry_run_declares_nothing(vhost, worker_env) -> None:
+    result = run(worker_env, "--dry-run")
+    assert result.returncode == 0
+    assert "would declare queue Aldebaran.Dead_Letter" in result.stdout
+    assert vhost.queues() == {}

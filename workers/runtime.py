@@ -1,0 +1,131 @@
+"""Running workers: signals, readiness, systemd notify, metrics, bounded graceful stop.
+
+The first SIGTERM (or Ctrl-C) asks every worker to stop: they stop consuming, finish
+in-flight work, ack what is done and close their connections. A second signal exits at
+once with `ExitCode.KILLED`; unacked messages go back to their queues broker-side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from aldebaran import systemd
+from aldebaran.errors import AldebaranError, ExitCode
+from aldebaran.log import get_logger
+from aldebaran.metrics import serve as serve_metrics
+from aldebaran.settings import Settings
+
+log = get_logger("runtime")
+
+
+@dataclass
+class Lifecycle:
+    """What a worker sees of the process: a stop request and a way to say it is ready."""
+
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def ready(self) -> None:
+        self._ready.set()
+
+    async def wait_stopping(self) -> None:
+        await self.stopping.wait()
+
+
+class Worker(Protocol):
+    name: str
+
+    async def run(self, life: Lifecycle) -> None:
+        """Work until `life.stopping` is set, then finish in-flight work and return."""
+
+
+def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
+    """Run workers until a signal or a crash; returns the process exit status."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+    return asyncio.run(_supervise(settings, list(workers)))
+
+
+async def _supervise(settings: Settings, workers: list[Worker]) -> int:
+    serve_metrics(settings.metrics_port)
+    loop = asyncio.get_running_loop()
+    lives = [Lifecycle() for _ in workers]
+    stop_requested = asyncio.Event()
+    signals = {"count": 0}
+
+    def on_signal(signum: int) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            log.warning("second signal: exiting at once", signal=signal.Signals(signum).name)
+            os._exit(ExitCode.KILLED)
+        log.info("stopping", signal=signal.Signals(signum).name, grace_seconds=settings.shutdown_grace_seconds)
+        systemd.notify("STOPPING=1")
+        stop_requested.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives)]
+    helpers = [asyncio.create_task(_announce_ready(workers, lives)), asyncio.create_task(_watchdog())]
+    stopper = asyncio.create_task(stop_requested.wait())
+    await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+
+    for life in lives:
+        life.stopping.set()
+    deadline = time.monotonic() + settings.shutdown_grace_seconds
+    pending = [t for t in tasks if not t.done()]
+    if pending:
+        _, still = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        for task in still:
+            log.warning("worker did not stop within the grace period", worker=task.get_name())
+            task.cancel()
+        if still:
+            await asyncio.wait(still, timeout=2)
+    for task in [*helpers, stopper]:
+        task.cancel()
+    return _exit_code(tasks, stopped_by_signal=stop_requested.is_set())
+
+
+def _exit_code(tasks: list[asyncio.Task], stopped_by_signal: bool) -> int:
+    code = ExitCode.OK
+    for task in tasks:
+        if task.cancelled():
+            continue
+        exc = task.exception()
+        if exc is None:
+            if not stopped_by_signal and code == ExitCode.OK:
+                log.error("worker ended on its own", worker=task.get_name())
+                code = ExitCode.SOFTWARE
+            continue
+        if isinstance(exc, AldebaranError):
+            log.error("worker failed", worker=task.get_name(), error=str(exc))
+            code = exc.exit_code
+        else:
+            log.error("worker crashed", worker=task.get_name(), exc_info=exc)
+            code = ExitCode.SOFTWARE
+    log.info("stopped", exit_code=int(code))
+    return int(code)
+
+
+async def _announce_ready(workers: list[Worker], lives: list[Lifecycle]) -> None:
+    await asyncio.gather(*(life._ready.wait() for life in lives))
+    log.info("ready", workers=[w.name for w in workers], pid=os.getpid())
+    systemd.notify("READY=1")
+
+
+async def _watchdog() -> None:
+    interval = systemd.watchdog_interval()
+    if interval is None:
+        return
+    while True:
+        systemd.notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
