@@ -73,3 +73,18 @@ def _guarded(connection: pika.BlockingConnection, channel: object, what: str,
                 "Delete it or align the settings (queue_type, ingress_max_length, ...)."
             ) from None
         raise
+
+
+async def declare_async(channel: "aio_pika.abc.AbstractChannel", settings: Settings) -> None:  # noqa: F821
+    """The same topology from a worker's own aio-pika channel, so no worker needs a hand-made broker."""
+    import aio_pika
+
+    top = topology(settings)
+    exchanges = {}
+    for exchange in top.exchanges:
+        exchanges[exchange.name] = await channel.declare_exchange(
+            exchange.name, aio_pika.ExchangeType(exchange.type), durable=True)
+    for queue in top.queues:
+        declared = await channel.declare_queue(queue.name, durable=True, arguments=queue.arguments or None)
+        if queue.bind_to:
+            await declared.bind(exchanges[queue.bind_to], routing_key=queue.name)

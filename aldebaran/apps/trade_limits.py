@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from aldebaran.core.rule import Alert, iso_utc
+from aldebaran.trades.codec import TRADE_CODEC
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 
 
@@ -23,6 +24,7 @@ class TradeLimits:
 
     name = "trade_limits"
     queue_prefix = "book-"
+    codec = TRADE_CODEC
 
     def accepts(self, event: TradeEvent) -> bool:
         return isinstance(event, (PurchaseRequest, Purchase))

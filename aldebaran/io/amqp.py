@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import random
+from typing import Any, Awaitable, Callable
 
 import aio_pika
 import aio_pika.abc
@@ -51,3 +52,71 @@ def _reconnected(name: str) -> None:
 def persistent(body: bytes, **properties: Any) -> aio_pika.Message:
     """A persistent message (survives a broker restart on durable queues)."""
     return aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, **properties)
+
+
+Session = Callable[[aio_pika.abc.AbstractConnection, asyncio.Event], Awaitable[None]]
+
+
+def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
+    """Exponential backoff with full jitter: never a busy loop, never a thundering herd."""
+    return random.uniform(0, min(cap, base * (2 ** attempt)))
+
+
+async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, session: Session) -> None:
+    """Run `session` on a fresh connection until `stopping`; reconnect after any loss.
+
+    A session gets an `ended` event that fires on stop *or* on connection loss, and must
+    return soon after. Its unacked deliveries die with the connection and come back from
+    the broker, which is how held state is rebuilt without trusting a stale channel.
+    The first connection failing is fatal (`UnavailableError`: systemd decides); later
+    losses are retried with backoff and jitter.
+    """
+    attempt = 0
+    connected_once = False
+    while not stopping.is_set():
+        try:
+            connection = await connect(settings, name, robust=False)
+        except UnavailableError:
+            if not connected_once:
+                raise
+            delay = backoff_delay(attempt)
+            attempt += 1
+            log.warning("broker still unreachable", worker=name, retry_in_seconds=round(delay, 2))
+            await _sleep_unless(stopping, delay)
+            continue
+        if connected_once:
+            BROKER_RECONNECTS.labels(component=name).inc()
+            log.warning("reconnected to broker", worker=name)
+        connected_once, attempt = True, 0
+        ended = asyncio.Event()
+        connection.close_callbacks.add(lambda *_: ended.set())
+        watcher = asyncio.ensure_future(_forward(stopping, ended))
+        try:
+            await session(connection, ended)
+        except (aiormq.exceptions.AMQPError, ConnectionError, asyncio.TimeoutError, OSError) as exc:
+            if not stopping.is_set():
+                log.warning("session lost", worker=name, error=mask_url(str(exc) or repr(exc)))
+        finally:
+            watcher.cancel()
+            if not connection.is_closed:
+                try:
+                    await asyncio.wait_for(connection.close(), timeout=5)
+                except Exception:  # noqa: BLE001 - closing a dead connection may fail
+                    pass
+        if not stopping.is_set():
+            delay = backoff_delay(attempt)
+            attempt += 1
+            log.warning("connection to broker lost; reconnecting", worker=name, retry_in_seconds=round(delay, 2))
+            await _sleep_unless(stopping, delay)
+
+
+async def _forward(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
+
+
+async def _sleep_unless(stopping: asyncio.Event, delay: float) -> None:
+    try:
+        await asyncio.wait_for(stopping.wait(), timeout=delay)
+    except asyncio.TimeoutError:
+        pass

@@ -241,3 +241,36 @@ def encode_text(event: TradeEvent) -> bytes:
         lines.append(f"initial order id: {event.order_id}")
     lines += [f"# shares: {event.shares}", f"client: {event.client}", f"stock: {event.stock}"]
     return "\n".join(lines).encode()
+
+
+_internal_encoder = msgspec.msgpack.Encoder()
+_internal_one = msgspec.msgpack.Decoder(TradeEvent)
+_internal_many = msgspec.msgpack.Decoder(list[TradeEvent])
+
+
+class TradeCodec:
+    """The trade domain's codec as the core uses it: public wire forms in, compact msgpack inside."""
+
+    name = "trades"
+
+    def decode(self, body: bytes, content_type: str | None, max_bytes: int) -> Decoded:
+        return decode_message(body, content_type, max_bytes)
+
+    def pack(self, event: TradeEvent) -> bytes:
+        return _internal_encoder.encode(event)
+
+    def unpack(self, data: bytes) -> TradeEvent:
+        return _internal_one.decode(data)
+
+    def pack_many(self, events: list[TradeEvent]) -> bytes:
+        return _internal_encoder.encode(events)
+
+    def unpack_many(self, data: bytes) -> list[TradeEvent]:
+        return _internal_many.decode(data)
+
+    def describe(self, event: TradeEvent) -> dict[str, str]:
+        """Log context for one event."""
+        return {"event_id": event.id, "order_id": event.order_id}
+
+
+TRADE_CODEC = TradeCodec()

@@ -1,0 +1,159 @@
+"""The aggregator (iteration 5): colour the trade stream into per-order book queues.
+
+For every event of a trade message it declares the order's book queue once (cached),
+publishes the event there through the default exchange, and announces the book on the
+work queue (requests always; any order this aggregator has not seen recently, so that
+an order first seen through a purchase still gets a book). Unreadable input goes to the
+dead-letter queue with its reason. The trade message is acked only after the broker
+confirmed everything it produced, so killing an aggregator loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Sequence
+
+import aio_pika
+import aio_pika.abc
+import msgspec
+
+from aldebaran.apps import load_rule
+from aldebaran.core.queue_cache import QueueCache
+from aldebaran.core.rule import Rule
+from aldebaran.io import amqp
+from aldebaran.log import get_logger
+from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED
+from aldebaran.settings import Settings
+from declare.declarer import declare_async
+from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA, WORK_QUEUE, book_queue_arguments
+from workers.runtime import Lifecycle
+
+log = get_logger("aggregator")
+INGEST_HEADER = "x-aldebaran-ingest-ms"
+PUBLISHED_HEADER = "x-aldebaran-published-ms"
+
+
+class WorkItem(msgspec.Struct, frozen=True):
+    """"Open a book for `key` under rule `app`" — the work queue's message."""
+
+    app: str
+    key: str
+    queue: str
+
+
+def reason_class(reason: str) -> str:
+    """A low-cardinality label for the dead-letter metric."""
+    for marker, label in (("exceeds the limit", "oversized"), ("missing field", "missing_field"),
+                          ("#shares", "bad_shares"), ("not valid", "not_parseable"),
+                          ("neither JSON", "not_parseable"), ("nested", "too_deep")):
+        if marker in reason:
+            return label
+    return "invalid"
+
+
+class Aggregator:
+    name = "aggregator"
+
+    def __init__(self, settings: Settings, rules: Sequence[Rule[Any]]) -> None:
+        self.settings = settings
+        self.rules = list(rules)
+        self.codec = self.rules[0].codec
+        self.cache = QueueCache(settings.declare_cache_size, lifetime_seconds=settings.book_ttl_seconds / 2)
+        self._book_args = book_queue_arguments(settings)
+        self._default: aio_pika.abc.AbstractExchange | None = None
+        self._declare_channel: aio_pika.abc.AbstractChannel | None = None
+
+    async def run(self, life: Lifecycle) -> None:
+        async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
+            await self._session(connection, ended, life)
+
+        await amqp.run_sessions(self.settings, self.name, life.stopping, session)
+
+    async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
+                       life: Lifecycle) -> None:
+        channel = await connection.channel(publisher_confirms=True)
+        await declare_async(channel, self.settings)
+        await channel.set_qos(prefetch_count=self.settings.aggregator_prefetch)
+        self._default = channel.default_exchange
+        self._declare_channel = await connection.channel()
+        queue = await channel.get_queue(TRADE_DATA, ensure=False)
+        inflight: set[asyncio.Task[None]] = set()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            task = asyncio.current_task()
+            inflight.add(task)  # type: ignore[arg-type]
+            try:
+                await self.handle(message)
+            finally:
+                inflight.discard(task)  # type: ignore[arg-type]
+
+        tag = await queue.consume(on_message)
+        log.info("consuming", queue=TRADE_DATA, mode="per-order", apps=[r.name for r in self.rules])
+        life.ready()
+        await ended.wait()
+        if not channel.is_closed:
+            await queue.cancel(tag)
+            if inflight:
+                await asyncio.wait(list(inflight), timeout=self.settings.shutdown_grace_seconds)
+
+    async def handle(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        """Route one trade message; ack after every output is confirmed, else requeue."""
+        try:
+            await asyncio.gather(*self._outputs(message))
+        except Exception as exc:  # noqa: BLE001 - a broker hiccup: let the message come back
+            log.warning("routing failed, requeueing", error=str(exc), delivery_tag=message.delivery_tag)
+            if not message.channel.is_closed:
+                await message.nack(requeue=True)
+            return
+        await message.ack()
+
+    def _outputs(self, message: aio_pika.abc.AbstractIncomingMessage) -> list[Any]:
+        decoded = self.codec.decode(message.body, message.content_type, self.settings.max_message_bytes)
+        now_ms = int(time.time() * 1000)
+        published_ms = (message.headers or {}).get(PUBLISHED_HEADER)
+        BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
+        outputs = [self._dead_letter(message, reject) for reject in decoded.rejects]
+        for event in decoded.events:
+            EVENTS_CONSUMED.labels(type=type(event).__name__).inc()
+            for rule in self.rules:
+                if rule.accepts(event):
+                    outputs.append(self._route(rule, event, now_ms, published_ms))
+        return outputs
+
+    async def _route(self, rule: Rule[Any], event: Any, now_ms: int, published_ms: Any) -> None:
+        key = rule.key(event)
+        queue = f"{rule.queue_prefix}{key}"
+        first = await self.cache.ensure(queue, self._declare_book)
+        headers: dict[str, Any] = {INGEST_HEADER: now_ms, "x-aldebaran-app": rule.name}
+        if isinstance(published_ms, int):
+            headers[PUBLISHED_HEADER] = published_ms
+        assert self._default is not None
+        publishes = [self._default.publish(
+            amqp.persistent(rule.codec.pack(event), headers=headers, content_type="application/msgpack"),
+            routing_key=queue)]
+        if first or rule.opens(event):
+            item = msgspec.json.encode(WorkItem(app=rule.name, key=key, queue=queue))
+            publishes.append(self._default.publish(
+                amqp.persistent(item, content_type="application/json"), routing_key=WORK_QUEUE))
+        await asyncio.gather(*publishes)
+
+    async def _declare_book(self, queue: str) -> None:
+        assert self._declare_channel is not None
+        await self._declare_channel.declare_queue(queue, durable=True, arguments=self._book_args)
+
+    async def _dead_letter(self, message: aio_pika.abc.AbstractIncomingMessage, reject: Any) -> None:
+        DEAD_LETTERED.labels(reason=reason_class(reject.reason)).inc()
+        log.warning("dead-lettered", reason=reject.reason, index=reject.index,
+                    message_id=message.message_id, queue=TRADE_DATA)
+        headers: dict[str, Any] = {REASON_HEADER: reject.reason, "x-aldebaran-source": TRADE_DATA}
+        if reject.index is not None:
+            headers["x-aldebaran-index"] = reject.index
+        assert self._default is not None
+        await self._default.publish(
+            amqp.persistent(reject.raw, headers=headers, content_type=message.content_type),
+            routing_key=DEAD_LETTER)
+
+
+def build(settings: Settings, **_: Any) -> Aggregator:
+    return Aggregator(settings, [load_rule(name) for name in settings.apps])
