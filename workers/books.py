@@ -67,11 +67,12 @@ class BookConsumer:
         queue = await self.channel.declare_queue(self.item.queue, durable=True,
                                                  arguments=self.manager.book_args)
         tag = await queue.consume(self.on_event)
+        finished = False
         try:
             # Wait for the first event (a standby consumer may never get one).
             if not await _wait_any(stopping, self.first_event, timeout=ttl * 2):
-                return not stopping.is_set()
-            assert self.book is not None or self.done
+                finished = not stopping.is_set()
+                return finished
             if self.book is not None and not self.done:
                 remaining = self.book.deadline - time.time()
                 if await _wait_any(stopping, None, timeout=max(0.0, remaining)):
@@ -80,17 +81,19 @@ class BookConsumer:
             # Tombstone: late events are counted and acked until the grace period ends.
             if await _wait_any(stopping, None, timeout=ttl):
                 return False
+            finished = True
             return True
         finally:
             if not self.channel.is_closed:
                 try:
                     await queue.cancel(tag)
-                except Exception:  # noqa: BLE001 - the channel died meanwhile: nothing to cancel
+                    if not finished:
+                        # Unfinished (stopping, or a failure): hand the held events back
+                        # so that the next owner of this queue rebuilds the book.
+                        for message in self.held:
+                            await message.nack(requeue=True)
+                except Exception:  # noqa: BLE001 - the channel died meanwhile: the broker requeues
                     pass
-            if stopping.is_set() and self.held and not self.channel.is_closed:
-                # Unfinished: hand the held events back for another host to rebuild.
-                for message in self.held:
-                    await message.nack(requeue=True)
             self.held.clear()
 
     async def on_event(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:

@@ -14,14 +14,19 @@ from aldebaran.settings import Settings, mask_url
 
 def client(settings: Settings) -> aioredis.Redis:
     """A client that retries transient failures with jittered backoff."""
-    return aioredis.Redis.from_url(
+    # A blocking pool: thousands of books wait for one of a few connections instead of
+    # failing with "Too many connections".
+    pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
+        max_connections=64,
+        timeout=30,
         health_check_interval=15,
         socket_timeout=10,
         socket_connect_timeout=5,
         retry=Retry(ExponentialWithJitterBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 async def connect(settings: Settings) -> aioredis.Redis:
