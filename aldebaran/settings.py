@@ -156,6 +156,7 @@ class Settings(BaseSettings):
 
     # Meaning
     book_ttl_seconds: Annotated[float, Field(gt=0, le=86400 * 7)] = 60.0
+    book_close_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 1.0
     apps: Annotated[list[str], Field(min_length=1)] = ["trade_limits"]
 
     # Pipeline shape
@@ -174,6 +175,17 @@ class Settings(BaseSettings):
     batch_max_events: Annotated[int, Field(ge=1, le=100_000)] = 1000
     batch_linger_ms: Annotated[float, Field(ge=0, le=1000)] = 1.0
 
+    # Sharded mode (docs/sharding.md)
+    router_prefetch: Annotated[int, Field(ge=1, le=65535)] = 32  # trade messages in flight per router
+    shard_checkpoint_ms: Annotated[float, Field(gt=0, le=60_000)] = 200.0  # delta + multiple-ack period
+    shard_checkpoint_messages: Annotated[int, Field(ge=1, le=65535)] = 200  # ... or after this many messages
+    shard_compact_seconds: Annotated[float, Field(gt=0)] = 30.0  # full snapshot, deltas trimmed
+    shard_done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
+    shard_workers: Annotated[int, Field(ge=1, le=4096)] = 1  # book worker processes sharing the shards
+    shard_worker_index: Annotated[int, Field(ge=0, le=4095)] = 0  # this process's preferred shards: n % workers
+    shard_standby_seconds: Annotated[float, Field(ge=0)] = 2.0  # before subscribing to others' shards as standby
+    latency_samples_dir: str = ""  # bench only: workers append raw latency samples here ("" = off)
+
     # Alerts
     alert_dedup_ttl_seconds: Annotated[int, Field(ge=60)] = 7 * 86400
     channels: list[ChannelConfig] = []
@@ -182,6 +194,7 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: Annotated[int, Field(ge=0, le=65535)] = 8080
     api_token: str | None = None
+    api_queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")] = "alerts"  # the queue-api queue served
     checkout_lifetime_seconds: Annotated[float, Field(gt=0)] = 120.0
     rescue_interval_seconds: Annotated[float, Field(gt=0)] = 2.0
     max_receive_count: Annotated[int, Field(ge=1)] = 10

@@ -110,7 +110,6 @@ class Aggregator:
 
     def _outputs(self, message: aio_pika.abc.AbstractIncomingMessage) -> list[Any]:
         decoded = self.codec.decode(message.body, message.content_type, self.settings.max_message_bytes)
-        now_ms = int(time.time() * 1000)
         published_ms = (message.headers or {}).get(PUBLISHED_HEADER)
         BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
         outputs = [self._dead_letter(message, reject) for reject in decoded.rejects]
@@ -118,14 +117,16 @@ class Aggregator:
             EVENTS_CONSUMED.labels(type=type(event).__name__).inc()
             for rule in self.rules:
                 if rule.accepts(event):
-                    outputs.append(self._route(rule, event, now_ms, published_ms))
+                    outputs.append(self._route(rule, event, published_ms))
         return outputs
 
-    async def _route(self, rule: Rule[Any], event: Any, now_ms: int, published_ms: Any) -> None:
+    async def _route(self, rule: Rule[Any], event: Any, published_ms: Any) -> None:
         key = rule.key(event)
         queue = f"{rule.queue_prefix}{key}"
         first = await self.cache.ensure(queue, self._declare_book)
-        headers: dict[str, Any] = {INGEST_HEADER: now_ms, "x-aldebaran-app": rule.name}
+        # Stamped as it enters its book queue (after a possibly slow declare): a book's
+        # lifetime is measured on these stamps, and its queue then holds them in order.
+        headers: dict[str, Any] = {INGEST_HEADER: int(time.time() * 1000), "x-aldebaran-app": rule.name}
         if isinstance(published_ms, int):
             headers[PUBLISHED_HEADER] = published_ms
         assert self._default is not None

@@ -74,7 +74,9 @@ class BookConsumer:
                 finished = not stopping.is_set()
                 return finished
             if self.book is not None and not self.done:
-                remaining = self.book.deadline - time.time()
+                # Close a moment after the deadline: events stamped before it may still be
+                # on their way from the aggregator; they count, later ones are late.
+                remaining = self.book.deadline + settings.book_close_delay_seconds - time.time()
                 if await _wait_any(stopping, None, timeout=max(0.0, remaining)):
                     return False
                 await self.close()

@@ -187,6 +187,9 @@ def decode_message(body: bytes, content_type: str | None = None, max_bytes: int 
         decoded.rejects.append(exc)
     except RecursionError:
         decoded.rejects.append(DecodeError("structure nested too deeply", body))
+    except Exception as exc:  # noqa: BLE001 - the codec's promise: only DecodeError comes out
+        decoded.events.clear()
+        decoded.rejects.append(DecodeError(f"unreadable message ({type(exc).__name__}: {exc})", body))
     return decoded
 
 
@@ -210,11 +213,11 @@ def _decode_structured(body: bytes, decoded: Decoded, batch: Any, one: Any, anyt
         if exc.reason == "empty batch":
             raise
         decoded.events.clear()  # fall through to the element-by-element path
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid {what}: {exc}") from None
     try:
         value = anything.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not valid {what}: {exc}") from None
     if isinstance(value, list):
         if not value:
