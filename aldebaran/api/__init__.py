@@ -1,0 +1,1 @@
+"""The AweQ-style pull API (and, later, the dashboard) served by `aldebaran api`."""

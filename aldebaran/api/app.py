@@ -1,0 +1,210 @@
+"""The AweQ-style pull API: the seed document's four RPC endpoints over `PullQueue`.
+
+Shapes follow the document verbatim (`status`, `key`, `messages[]`, `stats`), so its
+curl sequence works unchanged. A downstream system that cannot speak AMQP pulls the
+alerts of a `queue-api` channel here.
+
+The dashboard at `/` is another module's: if `aldebaran.api.dashboard` exists and
+exposes `router` (a FastAPI `APIRouter`), it is included after the API routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import secrets
+from contextlib import asynccontextmanager, suppress
+from typing import Annotated, AsyncIterator, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+
+from aldebaran.api.pullqueue import PullQueue, wall_clock_ms
+from aldebaran.io.redis import Keys
+from aldebaran.io.redis import connect as connect_redis
+from aldebaran.log import get_logger
+from aldebaran.settings import Settings
+
+log = get_logger("api")
+
+MAX_BATCH = 1000
+EMPTY_MESSAGE = "Message content required."
+NOT_FOUND = "Message not found."
+
+
+class SendBody(BaseModel):
+    message: str = ""
+
+
+class SendReply(BaseModel):
+    status: str = "okay"
+    key: str
+
+
+class ReceivedMessage(BaseModel):
+    key: str
+    timestamp: int
+    retry_count: int
+    message: str
+
+
+class ReceiveReply(BaseModel):
+    status: str = "okay"
+    message: str
+    messages: list[ReceivedMessage]
+
+
+class OkayReply(BaseModel):
+    status: str = "okay"
+
+
+class ErrorReply(BaseModel):
+    status: str = "error"
+    message: str
+
+
+class QueueStats(BaseModel):
+    queue_length: int
+    checkouts_count: int
+    checkout_lifetime: str
+    rescue_interval: str
+    dead_letter_count: int
+
+
+class StatsReply(BaseModel):
+    status: str = "okay"
+    stats: QueueStats
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _batch_note(wanted: int, got: int) -> str:
+    if got == 0:
+        return "No messages available in queue."
+    return "Requested batch-size available." if got >= wanted else "Fewer messages available than requested."
+
+
+_bearer = HTTPBearer(auto_error=False, description="Required when the server has `api_token` set.")
+
+
+def _authorizer(token: str | None) -> Callable[..., None]:
+    """A dependency that lets everything through without a token, else checks it."""
+
+    def authorize(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        if token is None:
+            return
+        given = credentials.credentials if credentials else ""
+        if not secrets.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(status_code=401, detail="Bearer token required.",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return authorize
+
+
+def _queue(request: Request) -> PullQueue:
+    return request.app.state.queue
+
+
+QueueDep = Annotated[PullQueue, Depends(_queue)]
+
+
+async def _rescue_loop(queue: PullQueue, interval: float) -> None:
+    """Return expired checkouts even when nobody calls receive (stats stay truthful)."""
+    while True:
+        try:
+            rescued, dead = await queue.rescue()
+            if rescued:
+                log.info("rescued expired checkouts", queue=queue.name, rescued=rescued, dead_lettered=dead)
+        except Exception as exc:  # noqa: BLE001 - a Redis hiccup must not end the loop
+            log.warning("rescue failed", queue=queue.name, error=str(exc))
+        await asyncio.sleep(interval)
+
+
+def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms) -> FastAPI:
+    """The API bound to `settings.api_queue`; Redis is opened in the lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = await connect_redis(settings)
+        app.state.queue = PullQueue(
+            redis, Keys(settings.redis_key_prefix), settings.api_queue,
+            checkout_lifetime_seconds=settings.checkout_lifetime_seconds,
+            max_receive_count=settings.max_receive_count,
+            dedup_ttl_seconds=settings.alert_dedup_ttl_seconds, clock=clock)
+        rescuer = asyncio.create_task(_rescue_loop(app.state.queue, settings.rescue_interval_seconds))
+        try:
+            yield
+        finally:
+            rescuer.cancel()
+            with suppress(asyncio.CancelledError):
+                await rescuer
+            await redis.aclose()
+
+    app = FastAPI(title="Aldebaran pull API", version="1",
+                  description="AweQ-style at-least-once pull queue (send, receive, delete, stats).",
+                  lifespan=lifespan)
+    app.include_router(_api_router(settings))
+    for router in _extra_routers():
+        app.include_router(router)
+    return app
+
+
+def _api_router(settings: Settings) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(_authorizer(settings.api_token))],
+                       responses={401: {"description": "Missing or wrong bearer token"}})
+
+    @router.post("/send-message", response_model=SendReply,
+                 responses={400: {"description": EMPTY_MESSAGE, "content": {"text/plain": {}}},
+                            413: {"model": ErrorReply}})
+    async def send_message(body: SendBody, queue: QueueDep) -> object:
+        """Enqueue one message; its key (a UUID) is what the consumer deletes later."""
+        if not body.message:
+            return PlainTextResponse(EMPTY_MESSAGE, status_code=400)
+        if len(body.message.encode()) > settings.max_message_bytes:
+            return JSONResponse(ErrorReply(message="Message too large.").model_dump(), status_code=413)
+        key, _ = await queue.send(body.message)
+        return SendReply(key=key)
+
+    @router.get("/receive-message", response_model=ReceiveReply)
+    async def receive_message(queue: QueueDep,
+                              count: Annotated[int, Query(ge=1, le=MAX_BATCH)] = 1) -> ReceiveReply:
+        """Check out up to `count` messages; undeleted ones come back after the checkout lifetime."""
+        got = await queue.receive(count)
+        return ReceiveReply(message=_batch_note(count, len(got)),
+                            messages=[ReceivedMessage(key=m.key, timestamp=m.timestamp,
+                                                      retry_count=m.retry_count, message=m.message)
+                                      for m in got])
+
+    @router.delete("/delete-message/{key}", response_model=OkayReply, responses={404: {"model": ErrorReply}})
+    async def delete_message(key: Annotated[str, Path(max_length=100)], queue: QueueDep) -> object:
+        """Acknowledge a processed message."""
+        if not await queue.delete(key):
+            return JSONResponse(ErrorReply(message=NOT_FOUND).model_dump(), status_code=404)
+        return OkayReply()
+
+    @router.get("/get-stats", response_model=StatsReply)
+    async def get_stats(queue: QueueDep) -> StatsReply:
+        """Queue length, checkouts and the timing configuration."""
+        stats = await queue.stats()
+        return StatsReply(stats=QueueStats(
+            queue_length=stats.queue_length, checkouts_count=stats.checkouts_count,
+            checkout_lifetime=_seconds(settings.checkout_lifetime_seconds),
+            rescue_interval=_seconds(settings.rescue_interval_seconds),
+            dead_letter_count=stats.dead_letter_count))
+
+    return router
+
+
+def _extra_routers() -> list[APIRouter]:
+    """The dashboard's router, when that module is part of this build."""
+    try:
+        module = importlib.import_module("aldebaran.api.dashboard")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("aldebaran.api.dashboard",):
+            return []
+        raise
+    return [module.router]

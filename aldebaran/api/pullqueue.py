@@ -1,0 +1,127 @@
+"""The AweQ-style pull queue on Redis: at-least-once with a visibility timeout.
+
+Layout under `Keys.pull_queue(name)` (the AweQ document's lists, sorted sets, hashes):
+`:ready` (list of keys, FIFO), `:checkouts` (sorted set, key -> visibility deadline in
+ms), `:bodies` (hash, key -> JSON {timestamp, message}), `:retries` (hash, key -> times
+it came back), `:dead` (list of keys received `max_receive_count` times, never
+deleted) and `:sent:<dedup id>` (a sender's idempotency record). Every step that
+touches more than one key is one Lua script, so a crash between two commands (the
+document's prototype's gap) cannot lose or duplicate a message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import Callable
+
+import redis.asyncio as aioredis
+
+from aldebaran.io.redis import Keys
+
+
+def _script(redis: aioredis.Redis, name: str):  # noqa: ANN202 - redis-py's Script type
+    return redis.register_script(resources.files("aldebaran.api").joinpath(name).read_text())
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch: deadlines are compared across API processes."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    key: str
+    timestamp: int
+    retry_count: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    queue_length: int
+    checkouts_count: int
+    dead_letter_count: int
+
+
+class PullQueue:
+    """One named pull queue; safe to share between coroutines and processes."""
+
+    RESCUE_BATCH = 1000
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, name: str, *, checkout_lifetime_seconds: float,
+                 max_receive_count: int, dedup_ttl_seconds: int = 7 * 86400,
+                 clock: Callable[[], int] = wall_clock_ms) -> None:
+        root = keys.pull_queue(name)
+        self.name = name
+        self._root = root
+        self._ready, self._checkouts = f"{root}:ready", f"{root}:checkouts"
+        self._bodies, self._retries, self._dead = f"{root}:bodies", f"{root}:retries", f"{root}:dead"
+        self._redis = redis
+        self._lifetime_ms = max(1, int(checkout_lifetime_seconds * 1000))
+        self._max_receive = max_receive_count
+        self._dedup_ttl = dedup_ttl_seconds
+        self._clock = clock
+        self._send = _script(redis, "send.lua")
+        self._receive = _script(redis, "receive.lua")
+        self._rescue = _script(redis, "rescue.lua")
+        self._delete = _script(redis, "delete.lua")
+
+    async def send(self, message: str, dedup_id: str | None = None) -> tuple[str, bool]:
+        """Enqueue; returns (key, created). With `dedup_id`, a repeat returns the first key."""
+        key = str(uuid.uuid4())
+        body = json.dumps({"timestamp": self._clock(), "message": message})
+        keys = [self._ready, self._bodies, self._retries]
+        if dedup_id is not None:
+            keys.append(f"{self._root}:sent:{dedup_id}")
+        created, actual = await self._send(keys=keys, args=[key, body, self._dedup_ttl])
+        return _text(actual), bool(created)
+
+    async def receive(self, count: int = 1) -> list[Received]:
+        """Check out up to `count` messages for one visibility window (oldest first)."""
+        await self.rescue()
+        raw = await self._receive(keys=[self._ready, self._checkouts, self._bodies, self._retries],
+                                  args=[self._clock(), self._lifetime_ms, count])
+        out = []
+        for i in range(0, len(raw), 3):
+            body = json.loads(raw[i + 2])
+            out.append(Received(_text(raw[i]), int(body["timestamp"]), int(raw[i + 1]), body["message"]))
+        return out
+
+    async def delete(self, key: str) -> bool:
+        """Acknowledge a processed message; False if no such message exists."""
+        removed = await self._delete(
+            keys=[self._ready, self._checkouts, self._bodies, self._retries, self._dead], args=[key])
+        return bool(removed)
+
+    async def rescue(self) -> tuple[int, int]:
+        """Return expired checkouts to the queue; returns (rescued, dead-lettered)."""
+        rescued, dead = await self._rescue(keys=[self._ready, self._checkouts, self._retries, self._dead],
+                                           args=[self._clock(), self._max_receive, self.RESCUE_BATCH])
+        return int(rescued), int(dead)
+
+    async def stats(self) -> Stats:
+        """Lengths read in one MULTI, so they describe one moment."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.llen(self._ready).zcard(self._checkouts).llen(self._dead)
+            ready, checkouts, dead = await pipe.execute()
+        return Stats(int(ready), int(checkouts), int(dead))
+
+    async def dead_letters(self) -> list[str]:
+        """Keys of the messages that exhausted their receives (for operators and tests)."""
+        return [_text(k) for k in await self._redis.lrange(self._dead, 0, -1)]
+
+    async def snapshot(self) -> dict[str, list[str]]:
+        """Every key by place (ready in order, checkouts by deadline, dead): for checks."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.lrange(self._ready, 0, -1).zrange(self._checkouts, 0, -1).lrange(self._dead, 0, -1)
+            ready, checkouts, dead = await pipe.execute()
+        return {"ready": [_text(k) for k in ready], "checkouts": [_text(k) for k in checkouts],
+                "dead": [_text(k) for k in dead]}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,1 @@
+"""Delivery channels: one small sink module per `kind`, behind `base.Sink`."""

@@ -1,0 +1,56 @@
+"""`amqp`: publish the alert to an exchange on this or another broker, confirmed.
+
+`message_id` is the alert_id (the receiver's idempotency key) and the publish is
+mandatory, so an unroutable alert is a failure (retried, then parked), never a silent drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika.abc
+
+from aldebaran.channels.base import Alert
+from aldebaran.io.amqp import connect, persistent
+from aldebaran.settings import AmqpChannel, Settings
+
+
+class AmqpSink:
+    targets = ("",)
+
+    def __init__(self, config: AmqpChannel, settings: Settings) -> None:
+        self._config, self._settings = config, settings
+        self._connection: aio_pika.abc.AbstractRobustConnection | None = None
+        self._exchange: aio_pika.abc.AbstractExchange | None = None
+        self._opening = asyncio.Lock()
+
+    async def start(self) -> None:
+        return None  # connected on first send: a downstream broker that is down is a retry, not a crash
+
+    async def _open(self) -> aio_pika.abc.AbstractExchange:
+        async with self._opening:  # concurrent first sends share one connection
+            if self._exchange is None:
+                connection = await connect(self._settings, f"channel-{self._config.name}-sink", url=self._config.url)
+                try:
+                    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                    exchange = (await channel.get_exchange(self._config.exchange, ensure=False)
+                                if self._config.exchange else channel.default_exchange)
+                except BaseException:
+                    await connection.close()
+                    raise
+                self._connection, self._exchange = connection, exchange
+            return self._exchange
+
+    async def send(self, alert: Alert, target: str) -> None:
+        exchange = self._exchange or await self._open()
+        message = persistent(alert.body, message_id=alert.alert_id, content_type="application/json")
+        await exchange.publish(message, routing_key=self._config.routing_key, mandatory=True,
+                               timeout=self._config.timeout_seconds)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+
+def build(config: AmqpChannel, settings: Settings) -> AmqpSink:
+    return AmqpSink(config, settings)

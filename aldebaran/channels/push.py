@@ -1,0 +1,38 @@
+"""`push`: POST {base_url}/v1/push per device, bearer token, JSON {to, title, body, data}."""
+
+from __future__ import annotations
+
+import httpx
+
+from aldebaran.channels import http_client as http
+from aldebaran.channels.base import Alert
+from aldebaran.settings import PushChannel, Settings
+
+PATH = "/v1/push"
+
+
+class PushSink:
+    def __init__(self, config: PushChannel) -> None:
+        self._config = config
+        self.targets = tuple(config.devices)
+        self._url = config.base_url.rstrip("/") + PATH
+        self._http: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        self._http = http.client(self._config.timeout_seconds,
+                                 headers={"Authorization": f"Bearer {self._config.token}"})
+
+    async def send(self, alert: Alert, target: str) -> None:
+        assert self._http is not None
+        payload = {"to": target, "title": f"Aldebaran: {alert.fields.get('kind', 'alert')}",
+                   "body": alert.summary(), "data": alert.fields}
+        http.check(await self._http.post(self._url, json=payload,
+                                         headers={"Idempotency-Key": f"{alert.alert_id}/{target}"}))
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+
+def build(config: PushChannel, settings: Settings) -> PushSink:
+    return PushSink(config)

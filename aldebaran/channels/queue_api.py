@@ -1,0 +1,43 @@
+"""`queue-api`: put the alert JSON in the pull API's queue for HTTP consumers.
+
+The send uses the alert_id as the queue's dedup id, checked and recorded in the same
+Lua step as the enqueue, so a repeat can never create a second message.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from aldebaran.api.pullqueue import PullQueue
+from aldebaran.channels.base import Alert
+from aldebaran.io.redis import Keys
+from aldebaran.io.redis import connect as connect_redis
+from aldebaran.settings import QueueApiChannel, Settings
+
+
+class QueueApiSink:
+    targets = ("",)
+
+    def __init__(self, config: QueueApiChannel, settings: Settings) -> None:
+        self._config, self._settings = config, settings
+        self._redis: aioredis.Redis | None = None
+        self._queue: PullQueue | None = None
+
+    async def start(self) -> None:
+        self._redis = await connect_redis(self._settings)
+        s = self._settings
+        self._queue = PullQueue(self._redis, Keys(s.redis_key_prefix), self._config.queue,
+                                checkout_lifetime_seconds=s.checkout_lifetime_seconds,
+                                max_receive_count=s.max_receive_count, dedup_ttl_seconds=s.alert_dedup_ttl_seconds)
+
+    async def send(self, alert: Alert, target: str) -> None:
+        assert self._queue is not None
+        await self._queue.send(alert.body.decode(), dedup_id=alert.alert_id)
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+def build(config: QueueApiChannel, settings: Settings) -> QueueApiSink:
+    return QueueApiSink(config, settings)

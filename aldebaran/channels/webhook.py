@@ -1,0 +1,33 @@
+"""`webhook`: HTTP POST of the alert JSON, with the alert_id as `Idempotency-Key`."""
+
+from __future__ import annotations
+
+import httpx
+
+from aldebaran.channels import http_client as http
+from aldebaran.channels.base import Alert
+from aldebaran.settings import Settings, WebhookChannel
+
+
+class WebhookSink:
+    targets = ("",)
+
+    def __init__(self, config: WebhookChannel) -> None:
+        self._config = config
+        self._http: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        self._http = http.client(self._config.timeout_seconds)
+
+    async def send(self, alert: Alert, target: str) -> None:
+        assert self._http is not None
+        headers = {**self._config.headers, "Content-Type": "application/json", "Idempotency-Key": alert.alert_id}
+        http.check(await self._http.post(self._config.url, content=alert.body, headers=headers))
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+
+def build(config: WebhookChannel, settings: Settings) -> WebhookSink:
+    return WebhookSink(config)

@@ -1,0 +1,82 @@
+"""The shipped commands: `aldebaran run lookout`, `run channel NAME` and `api` as processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+
+from aldebaran.errors import ExitCode
+from aldebaran.settings import Settings
+from declare.declarer import declare
+from tests.test_channels import eventually, http_peer, make_alert, publish, with_channels
+
+ALDEBARAN = str(Path(sys.executable).with_name("aldebaran"))
+
+
+async def start(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(ALDEBARAN, *args, env=env, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+
+
+async def stop(process: asyncio.subprocess.Process) -> tuple[int, str]:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode, output.decode(errors="replace")
+
+
+async def test_lookout_and_channel_processes_deliver_once_and_stop_cleanly(
+        settings: Settings, worker_env: dict[str, str], tmp_path) -> None:
+    async with http_peer() as peer:
+        config = tmp_path / "aldebaran.toml"
+        config.write_text(f'[[channels]]\nname = "ops-webhook"\nkind = "webhook"\nurl = "{peer.url}/alerts"\n')
+        env = {**worker_env, "ALDEBARAN_CONFIG": str(config)}
+        declare(with_channels(settings, {"name": "ops-webhook", "kind": "webhook", "url": peer.url}),
+                echo=lambda _: None)
+        publish(settings, make_alert("cli"), times=3)
+        processes = [await start(env, "run", "lookout"), await start(env, "run", "channel", "ops-webhook")]
+        try:
+            await eventually(lambda: peer.accepted() or any(p.returncode is not None for p in processes),
+                             "the webhook delivery", timeout=60)
+        finally:
+            results = [await stop(p) for p in processes]
+    for code, output in results:
+        assert code == ExitCode.OK, output
+    assert len(peer.requests) == 1
+    assert peer.requests[0]["headers"]["idempotency-key"] == "over_purchase:cli"
+
+
+async def test_api_command_serves_and_refuses_an_open_bind_without_token(worker_env: dict[str, str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = await start(worker_env, "api", "--port", str(port))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            replies: list[httpx.Response] = []
+
+            async def poll() -> None:
+                try:
+                    replies.append(await http.get("/get-stats"))
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while not replies and process.returncode is None and loop.time() < deadline:
+                await poll()
+    finally:
+        code, output = await stop(process)
+    assert replies and replies[0].json()["stats"]["checkout_lifetime"] == "120s", output
+    assert code == 0, output
+
+    refused = await start(worker_env, "api", "--host", "0.0.0.0", "--port", str(port))
+    raw, _ = await asyncio.wait_for(refused.communicate(), 60)
+    output = raw.decode(errors="replace")
+    assert refused.returncode == ExitCode.CONFIG, output
+    assert "requires api_token" in output
