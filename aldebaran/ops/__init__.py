@@ -1,0 +1,1 @@
+"""Operating Aldebaran: `aldebaran stats` and `aldebaran health` (issue 8)."""
