@@ -39,3 +39,9 @@ class TopologyConflict(AldebaranError):
     """The broker holds a queue or exchange declared with other arguments."""
 
     exit_code = ExitCode.CONFIG
+
+
+class PublishRefused(AldebaranError):
+    """The broker kept refusing a message (a full ingress with `overflow = reject-publish`)."""
+
+    exit_code = ExitCode.UNAVAILABLE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from typing import Any, Awaitable, Callable
 
@@ -12,10 +13,31 @@ import aiormq.exceptions
 
 from aldebaran.errors import UnavailableError
 from aldebaran.log import get_logger
-from aldebaran.metrics import BROKER_RECONNECTS
+from aldebaran.metrics import BROKER_RECONNECTS, CONNECTIONS_BLOCKED
 from aldebaran.settings import Settings, mask_url
 
 log = get_logger("amqp")
+
+
+class _BlockedWatcher(logging.Handler):
+    """aiormq pauses publishing while the broker blocks a connection (memory or disk
+    alarm) and says so only in a log line: turn that line into a metric and our log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "was blocked by" in message:
+            CONNECTIONS_BLOCKED.inc()
+            log.warning("broker blocked a connection: publishing paused (flow control)",
+                        reason=message.rsplit("by:", 1)[-1].strip())
+        elif "was unblocked" in message:
+            CONNECTIONS_BLOCKED.dec()
+            log.warning("broker unblocked a connection: publishing resumes")
+
+
+_aiormq_log = logging.getLogger("aiormq.connection")
+_aiormq_log.setLevel(logging.WARNING)
+_aiormq_log.propagate = False
+_aiormq_log.addHandler(_BlockedWatcher())
 
 
 async def connect(settings: Settings, name: str, *, robust: bool = True,
@@ -120,3 +142,29 @@ async def _sleep_unless(stopping: asyncio.Event, delay: float) -> None:
         await asyncio.wait_for(stopping.wait(), timeout=delay)
     except asyncio.TimeoutError:
         pass
+
+
+async def watch_backlog(channel: aio_pika.abc.AbstractChannel, queue: str, until: asyncio.Event,
+                        interval: float = 5.0, warn_at: int = 10_000) -> None:
+    """Sample a queue's depth into `aldebaran_queue_depth_messages`; log when a backlog builds.
+
+    Runs beside a consumer until `until` fires. A warning is logged each time the depth
+    crosses a new power of ten above `warn_at`, and once when it drains again.
+    """
+    from aldebaran.metrics import QUEUE_DEPTH
+
+    warned = 0
+    while not until.is_set():
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+            depth = declared.declaration_result.message_count or 0
+        except Exception:  # noqa: BLE001 - sampling must never hurt the consumer
+            return
+        QUEUE_DEPTH.labels(queue=queue).set(depth)
+        level = 0 if depth < warn_at else 10 ** len(str(depth // warn_at))
+        if level > warned:
+            log.warning("backlog building", queue=queue, depth=depth)
+        elif level == 0 and warned:
+            log.info("backlog drained", queue=queue, depth=depth)
+        warned = level
+        await _sleep_unless(until, interval)

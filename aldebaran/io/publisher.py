@@ -15,9 +15,11 @@ from typing import Callable, Iterable
 import aio_pika
 import aio_pika.exceptions
 
+from aldebaran.errors import PublishRefused
 from aldebaran.io import amqp
 from aldebaran.io.amqp import backoff_delay
 from aldebaran.log import get_logger
+from aldebaran.metrics import PUBLISH_NACKS
 from aldebaran.settings import Settings
 from declare.topology import TRADE_DATA
 
@@ -69,12 +71,16 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                         break
                     except (aio_pika.exceptions.DeliveryError, asyncio.TimeoutError) as exc:
                         report.nacks += 1
+                        PUBLISH_NACKS.labels(publisher="trade").inc()
                         delay = backoff_delay(attempt, base=0.05, cap=2.0)
                         log.warning("broker refused a message; retrying", reason=str(exc) or "timeout",
                                     retry_in_seconds=round(delay, 3))
                         await asyncio.sleep(delay)
                 else:
-                    raise RuntimeError(f"message refused {max_retries} times; giving up")
+                    raise PublishRefused(
+                        f"the broker refused a message {max_retries} times (ingress full: "
+                        "overflow = reject-publish, or flow control); nothing was lost — "
+                        "retry later, slow down (--rate), or add consumers")
                 report.messages += 1
                 report.events += body.events
                 if progress:

@@ -1,0 +1,90 @@
+"""Overload behaviour: bounded books, refused publishes that lose nothing (no timing asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from aldebaran.errors import PublishRefused
+from aldebaran.io.publisher import Body, publish_bodies
+from aldebaran.metrics import PUBLISH_NACKS
+from aldebaran.publish import batches
+from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.generator import expected_alerts
+from declare.declarer import declare
+from tests.support.pipeline import Broker, alert_counts, collect_alerts, running
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def over_purchases(orders: int, prefix: str) -> list:
+    events = []
+    for n in range(orders):
+        events += [PurchaseRequest(f"{prefix}{n}", 10, "c", "s"), Purchase(f"{prefix}{n}-p", f"{prefix}{n}", 11, "c", "s")]
+    return events
+
+
+def test_full_ingress_refuses_publishes_and_the_publisher_loses_nothing(settings, vhost, worker_env, tmp_path) -> None:
+    settings = settings.model_copy(update={"ingress_max_length": 20})
+    declare(settings, echo=lambda _: None)
+    broker = Broker(vhost.amqp_url)
+    broker.tap_alerts()
+    events = over_purchases(40, "bp")  # 80 events, one per message: 4x the ingress limit
+
+    # With few retries the publisher gets an error it can act on.
+    with pytest.raises(PublishRefused, match="ingress full"):
+        asyncio.run(publish_bodies(settings, batches(events, 1), max_retries=2))
+    assert broker.depth("Aldebaran.Trade_Data") == 20
+    broker.drain("Aldebaran.Trade_Data")
+
+    # With retries it slows down until the pipeline drains the ingress, and loses nothing.
+    nacks_before = PUBLISH_NACKS.labels(publisher="trade")._value.get()
+    result: dict = {}
+    publisher = threading.Thread(target=lambda: result.update(
+        report=asyncio.run(publish_bodies(settings, batches(events, 1), max_retries=1000))))
+    publisher.start()
+    deadline = time.monotonic() + 30
+    while PUBLISH_NACKS.labels(publisher="trade")._value.get() == nacks_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert PUBLISH_NACKS.labels(publisher="trade")._value.get() > nacks_before  # it was refused ...
+    env = dict(worker_env, ALDEBARAN_INGRESS_MAX_LENGTH="20")
+    with running(env, tmp_path / "up.log"):
+        publisher.join(timeout=120)
+        assert not publisher.is_alive()
+        alerts = collect_alerts(broker, expected=40, timeout=60)
+    broker.close()
+    assert result["report"].events == 80 and result["report"].nacks > 0  # ... and retried
+    assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected_alerts(events)}
+
+
+def test_book_manager_at_its_open_book_limit_does_not_grow_and_fires_everything(vhost, worker_env, tmp_path) -> None:
+    limit, port = 4, free_port()
+    env = dict(worker_env, ALDEBARAN_MAX_OPEN_BOOKS=str(limit), ALDEBARAN_BOOK_TTL_SECONDS="1",
+               ALDEBARAN_BOOK_CLOSE_DELAY_SECONDS="0.2")
+    events = over_purchases(16, "lim") + [Purchase("orph-p", "orph", 3, "c", "s")]
+    with running(env, tmp_path / "up.log", "--metrics-port", str(port)):
+        broker = Broker(vhost.amqp_url)
+        broker.tap_alerts()
+        broker.publish(events, batch=10)
+        peak, samples = 0.0, 0
+        alerts: list = []
+        deadline = time.monotonic() + 90
+        while len(alerts) < 17 and time.monotonic() < deadline:
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+            value = float(next(line.split()[1] for line in metrics.splitlines()
+                               if line.startswith("aldebaran_books_open ")))
+            peak, samples = max(peak, value), samples + 1
+            alerts += collect_alerts(broker, expected=1, timeout=0.2, settle=0)
+        alerts += collect_alerts(broker, expected=1, timeout=2, settle=0)
+        broker.close()
+    assert samples > 10 and 0 < peak <= limit
+    assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected_alerts(events)}
