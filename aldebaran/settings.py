@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -153,11 +153,15 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "aldebaran"
     management_url: str = "http://guest:guest@127.0.0.1:15672/"
+    tls_ca_file: str | None = None  # PEM CA bundle trusted for amqps:// and rediss:// (None = system CAs)
 
     # Meaning
     book_ttl_seconds: Annotated[float, Field(gt=0, le=86400 * 7)] = 60.0
     book_close_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 1.0
     apps: Annotated[list[str], Field(min_length=1)] = ["trade_limits"]
+    # Per-application options, `[app_options.<app>]` in TOML; each app's `Options` model
+    # validates its own table when the workers load it (aldebaran/apps/__init__.py).
+    app_options: dict[str, dict[str, Any]] = {}
 
     # Pipeline shape
     mode: Literal["per-order", "sharded"] = "per-order"
@@ -224,6 +228,13 @@ class Settings(BaseSettings):
         if dupes:
             raise ValueError(f"channel names must be unique, repeated: {', '.join(dupes)}")
         return value
+
+    @model_validator(mode="after")
+    def _options_name_configured_apps(self) -> "Settings":
+        stray = sorted(set(self.app_options) - set(self.apps))
+        if stray:
+            raise ValueError(f"app_options for applications not in apps: {', '.join(stray)}")
+        return self
 
     @property
     def broker_urls(self) -> list[str]:

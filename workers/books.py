@@ -23,7 +23,7 @@ import aio_pika.abc
 import msgspec
 import redis.asyncio as aioredis
 
-from aldebaran.apps import load_rule
+from aldebaran.apps import load_rules
 from aldebaran.core.book import Book, Outcome
 from aldebaran.core.outbox import AlertOutbox
 from aldebaran.core.rule import Rule
@@ -281,4 +281,4 @@ class BookManager:
 
 
 def build(settings: Settings, **_: Any) -> BookManager:
-    return BookManager(settings, [load_rule(name) for name in settings.apps])
+    return BookManager(settings, load_rules(settings))

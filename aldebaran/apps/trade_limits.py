@@ -29,7 +29,8 @@ class TradeLimits:
     def accepts(self, event: TradeEvent) -> bool:
         return isinstance(event, (PurchaseRequest, Purchase))
 
-    def key(self, event: TradeEvent) -> str:
+    def key(self, event: TradeEvent, at: float = 0.0) -> str:
+        # Keyed by identity: `at` is unused (its default keeps one-argument callers working).
         return event.order_id
 
     def event_id(self, event: TradeEvent) -> str:

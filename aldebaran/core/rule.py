@@ -46,8 +46,13 @@ class Rule(Protocol, Generic[State]):
     def accepts(self, event: Event) -> bool:
         """Whether this rule wants the event at all."""
 
-    def key(self, event: Event) -> str:
-        """The book the event belongs to (an order id, a client and day, ...)."""
+    def key(self, event: Event, at: float) -> str:
+        """The book the event belongs to (an order id, a client and day, ...).
+
+        `at` is the event's ingest time (epoch seconds) as the routing worker stamps it, so
+        a time-windowed key (a client's UTC day) is derived from the pipeline's clock, not
+        from a clock the rule would have to read itself. Rules keyed by identity ignore it.
+        """
 
     def event_id(self, event: Event) -> str:
         """The identity an event counts once by, however often it is delivered."""
