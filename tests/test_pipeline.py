@@ -85,8 +85,9 @@ def test_contract_cases_and_junk(broker, worker_env, tmp_path) -> None:
 
 
 def test_sigkill_mid_stream_then_restart_loses_and_duplicates_nothing(broker, worker_env, tmp_path) -> None:
-    stream = generate(orders=1500, seed=11, orphans=0.02)
-    env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="8")
+    stream = generate(orders=1200, seed=11, orphans=0.02)
+    # Long enough that a loaded machine still sees each order's events inside one book's life.
+    env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="20")
     first = Pipeline(env, tmp_path / "up-1.log").start()
     half = len(stream.events) // 2
     broker.publish(stream.events[:half], batch=20)

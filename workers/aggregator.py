@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from typing import Any, Sequence
 
 import aio_pika
 import aio_pika.abc
 import msgspec
 
-from aldebaran.apps import load_rule
+from aldebaran.apps import load_rules
 from aldebaran.core.queue_cache import QueueCache
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
 from aldebaran.log import get_logger
-from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED
+from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
 from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA, WORK_QUEUE, book_queue_arguments
@@ -31,6 +32,7 @@ from workers.runtime import Lifecycle
 
 log = get_logger("aggregator")
 INGEST_HEADER = "x-aldebaran-ingest-ms"
+DECLARE_CHANNELS = 8
 PUBLISHED_HEADER = "x-aldebaran-published-ms"
 
 
@@ -62,7 +64,7 @@ class Aggregator:
         self.cache = QueueCache(settings.declare_cache_size, lifetime_seconds=settings.book_ttl_seconds / 2)
         self._book_args = book_queue_arguments(settings)
         self._default: aio_pika.abc.AbstractExchange | None = None
-        self._declare_channel: aio_pika.abc.AbstractChannel | None = None
+        self._declare_channels: list[aio_pika.abc.AbstractChannel] = []
 
     async def run(self, life: Lifecycle) -> None:
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
@@ -76,7 +78,8 @@ class Aggregator:
         await declare_async(channel, self.settings)
         await channel.set_qos(prefetch_count=self.settings.aggregator_prefetch)
         self._default = channel.default_exchange
-        self._declare_channel = await connection.channel()
+        # The broker declares ~400 queues/s per channel and ~2x that spread over several.
+        self._declare_channels = [await connection.channel() for _ in range(DECLARE_CHANNELS)]
         queue = await channel.get_queue(TRADE_DATA, ensure=False)
         inflight: set[asyncio.Task[None]] = set()
 
@@ -89,9 +92,11 @@ class Aggregator:
                 inflight.discard(task)  # type: ignore[arg-type]
 
         tag = await queue.consume(on_message)
+        backlog = asyncio.ensure_future(amqp.watch_backlog(self._declare_channels[0], TRADE_DATA, ended))
         log.info("consuming", queue=TRADE_DATA, mode="per-order", apps=[r.name for r in self.rules])
         life.ready()
         await ended.wait()
+        backlog.cancel()
         if not channel.is_closed:
             await queue.cancel(tag)
             if inflight:
@@ -111,6 +116,8 @@ class Aggregator:
     def _outputs(self, message: aio_pika.abc.AbstractIncomingMessage) -> list[Any]:
         decoded = self.codec.decode(message.body, message.content_type, self.settings.max_message_bytes)
         published_ms = (message.headers or {}).get(PUBLISHED_HEADER)
+        if isinstance(published_ms, int):
+            INGEST_LAG.labels(stage="aggregator").set(max(0.0, time.time() - published_ms / 1000))
         BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
         outputs = [self._dead_letter(message, reject) for reject in decoded.rejects]
         for event in decoded.events:
@@ -121,7 +128,7 @@ class Aggregator:
         return outputs
 
     async def _route(self, rule: Rule[Any], event: Any, published_ms: Any) -> None:
-        key = rule.key(event)
+        key = rule.key(event, time.time())  # the routing clock: a windowed key's time
         queue = f"{rule.queue_prefix}{key}"
         first = await self.cache.ensure(queue, self._declare_book)
         # Stamped as it enters its book queue (after a possibly slow declare): a book's
@@ -140,8 +147,8 @@ class Aggregator:
         await asyncio.gather(*publishes)
 
     async def _declare_book(self, queue: str) -> None:
-        assert self._declare_channel is not None
-        await self._declare_channel.declare_queue(queue, durable=True, arguments=self._book_args)
+        channel = self._declare_channels[zlib.crc32(queue.encode()) % len(self._declare_channels)]
+        await channel.declare_queue(queue, durable=True, arguments=self._book_args)
 
     async def _dead_letter(self, message: aio_pika.abc.AbstractIncomingMessage, reject: Any) -> None:
         DEAD_LETTERED.labels(reason=reason_class(reject.reason)).inc()
@@ -157,4 +164,4 @@ class Aggregator:
 
 
 def build(settings: Settings, **_: Any) -> Aggregator:
-    return Aggregator(settings, [load_rule(name) for name in settings.apps])
+    return Aggregator(settings, load_rules(settings))
