@@ -272,7 +272,7 @@ async def test_nagios_writes_the_passive_check_line(settings: Settings, tmp_path
     [line] = command_file.read_text().splitlines()
     stamp, command = line.split(" ", 1)
     assert stamp.startswith("[") and stamp.endswith("]") and stamp[1:-1].isdigit()
-    assert command.startswith("PROCESS_SERVICE_CHECK_RESULT;trading;Trade limits;2;over_purchase: order n1 ")
+    assert command.startswith("PROCESS_SERVICE_CHECK_RESULT;trading;Trade limits;2;over_purchase: order_id=n1 ")
     assert command.endswith("(over_purchase:n1)")
 
 

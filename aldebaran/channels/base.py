@@ -53,11 +53,11 @@ class Alert:
 
     def summary(self) -> str:
         """One line for people (SMS, push, Nagios, e-mail subject)."""
-        f = self.fields
-        requested = f.get("requested_shares")
-        return (f"{f.get('kind', 'alert')}: order {f.get('order_id')} client {f.get('client')} "
-                f"stock {f.get('stock')} purchased {f.get('purchased_shares')} of "
-                f"{'unknown' if requested is None else requested} ({self.alert_id})")
+        # Generic over applications: every scalar field the rule put on its alert.
+        skip = {"alert_id", "kind", "detected_at"}
+        details = " ".join(f"{name}={value}" for name, value in self.fields.items()
+                           if name not in skip and isinstance(value, (str, int, float, type(None))))
+        return f"{self.fields.get('kind', 'alert')}: {details} ({self.alert_id})"
 
 
 class Sink(Protocol):
