@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 MINIMAL_WORKER = """
 import asyncio
@@ -89,8 +88,6 @@ def test_no_notify_socket_means_no_notification() -> None:
             os.environ["NOTIFY_SOCKET"] = saved
 
 
-@pytest.mark.xfail(strict=True, reason="`aldebaran api` does not send READY=1/WATCHDOG=1 yet; "
-                   "aldebaran-api.service is Type=notify (remove this marker once it does)")
 def test_api_sends_ready_and_watchdog(tmp_path: Path, worker_env: dict[str, str]) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -112,16 +112,19 @@ def _queue(request: Request) -> PullQueue:
 QueueDep = Annotated[PullQueue, Depends(_queue)]
 
 
-async def _rescue_loop(queue: PullQueue, interval: float) -> None:
+async def _rescue_loop(queue: PullQueue, interval: float, stopping: asyncio.Event) -> None:
     """Return expired checkouts even when nobody calls receive (stats stay truthful)."""
-    while True:
+    # An explicit stop flag: a cancellation landing inside a redis-py command can be
+    # swallowed by the client, and the loop must still end.
+    while not stopping.is_set():
         try:
             rescued, dead = await queue.rescue()
             if rescued:
                 log.info("rescued expired checkouts", queue=queue.name, rescued=rescued, dead_lettered=dead)
         except Exception as exc:  # noqa: BLE001 - a Redis hiccup must not end the loop
             log.warning("rescue failed", queue=queue.name, error=str(exc))
-        await asyncio.sleep(interval)
+        with suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=interval)
 
 
 def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms) -> FastAPI:
@@ -135,18 +138,21 @@ def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms) 
             checkout_lifetime_seconds=settings.checkout_lifetime_seconds,
             max_receive_count=settings.max_receive_count,
             dedup_ttl_seconds=settings.alert_dedup_ttl_seconds, clock=clock)
-        rescuer = asyncio.create_task(_rescue_loop(app.state.queue, settings.rescue_interval_seconds))
+        stopping = asyncio.Event()
+        rescuer = asyncio.create_task(_rescue_loop(app.state.queue, settings.rescue_interval_seconds, stopping))
         try:
             yield
         finally:
-            rescuer.cancel()
-            with suppress(asyncio.CancelledError):
-                await rescuer
+            stopping.set()
+            _, late = await asyncio.wait([rescuer], timeout=5)
+            for task in late:
+                task.cancel()
             await redis.aclose()
 
     app = FastAPI(title="Aldebaran pull API", version="1",
                   description="AweQ-style at-least-once pull queue (send, receive, delete, stats).",
                   lifespan=lifespan)
+    app.state.settings = settings  # for routers included below (the dashboard reads its vhost, channels)
     app.include_router(_api_router(settings))
     for router in _extra_routers():
         app.include_router(router)

@@ -1,12 +1,19 @@
-"""`aldebaran api [--host --port]`: serve the pull API with uvicorn."""
+"""`aldebaran api [--host --port]`: serve the pull API and dashboard with uvicorn.
+
+Under systemd (`aldebaran-api.service`, Type=notify) the server itself says READY=1
+once it accepts connections and WATCHDOG=1 from its own main loop, so a wedged event
+loop stops the beats and systemd restarts it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 import signal
+import time
 
-from aldebaran.errors import ConfigError
+from aldebaran import systemd
+from aldebaran.errors import ConfigError, ExitCode
 from aldebaran.settings import Settings
 
 
@@ -44,6 +51,36 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler it
     # found; a no-op handler makes that a clean exit 0 (CONTRACT §4) instead of death by signal.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level,
-                access_log=settings.log_level == "debug")
-    return 0
+    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=settings.log_level,
+                            access_log=settings.log_level == "debug")
+    server = _notifying_server(uvicorn.Server)(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    # As `uvicorn.run`: a server that never started (port taken, lifespan failed) is a failure.
+    return ExitCode.OK if server.started else ExitCode.UNAVAILABLE
+
+
+def _notifying_server(base: type) -> type:
+    """A uvicorn Server that reports READY=1 once serving and WATCHDOG=1 from its main loop."""
+
+    class NotifyingServer(base):  # type: ignore[misc, valid-type]
+        _next_beat = 0.0
+
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:
+                systemd.notify("READY=1")
+
+        async def on_tick(self, counter: int) -> bool:
+            interval = systemd.watchdog_interval()
+            if interval is not None and time.monotonic() >= self._next_beat:
+                systemd.notify("WATCHDOG=1")
+                self._next_beat = time.monotonic() + interval
+            should_exit = await super().on_tick(counter)
+            if should_exit:
+                systemd.notify("STOPPING=1")
+            return should_exit
+
+    return NotifyingServer

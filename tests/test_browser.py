@@ -1,0 +1,152 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright.
+
+`aldebaran up` and `aldebaran api` run as subprocesses on the test's vhost and Redis
+prefix; the page is opened before any trade data exists, then the design document's
+stream (request 100, purchases 90 and 30) and one unreadable message are published in
+the text form. The alert, its delivery per channel and the dead letter's reason must
+appear on the page by themselves (it polls), and a screenshot is kept in
+docs/dashboard.png. No browser is downloaded: Chromium comes from the distribution.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from tests.support.pipeline import Broker, declare, running
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "dashboard.png"
+WAIT_MS = 45_000
+
+CONFIG = """
+[[channels]]
+name = "ops-log"
+kind = "log"
+
+[[channels]]
+name = "pull-api"
+kind = "queue-api"
+queue = "alerts"
+
+[[channels]]
+name = "ops-webhook"
+kind = "webhook"
+url = "http://127.0.0.1:{dead_port}/alerts"
+max_attempts = 2
+backoff_initial_seconds = 0.1
+backoff_max_seconds = 0.2
+timeout_seconds = 2
+"""
+
+STREAM = [
+    b"id:1\n# shares: 100\nclient: Sendence\nstock: AAPL",
+    b"id:2\ninitial order id: 1\n# shares: 90\nclient: Sendence\nstock: AAPL",
+    b"id:3\ninitial order id: 1\n# shares: 30\nclient: Sendence\nstock: AAPL",
+]
+UNREADABLE = b"id:9\n# shares: lots\nclient: Sendence\nstock: AAPL"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_serving(base: str, api: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Until the API answers (a start-up bound, not a speed claim)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if api.poll() is not None:
+            raise AssertionError(f"aldebaran api exited with {api.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(base + "/", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"aldebaran api did not answer:\n{log_path.read_text()}")
+
+
+@pytest.fixture
+def api_base(worker_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """The pipeline (`aldebaran up`) and the API (`aldebaran api`) on this test's vhost."""
+    config = tmp_path / "aldebaran.toml"
+    config.write_text(CONFIG.format(dead_port=free_port()))
+    env = dict(worker_env, ALDEBARAN_CONFIG=str(config))
+    declare(env)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    api_log = tmp_path / "api.log"
+    with running(env, tmp_path / "up.log"), api_log.open("ab") as log:
+        api = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "api", "--port", str(port)],
+                               env=env, stdout=log, stderr=log)
+        try:
+            wait_serving(base, api, api_log)
+            yield base, env
+        finally:
+            api.terminate()
+            try:
+                api.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                api.kill()
+                api.wait()
+        assert api.returncode == 0, api_log.read_text()
+
+
+def test_dashboard_shows_a_fresh_alert_its_delivery_and_a_dead_letter(api_base: tuple[str, dict[str, str]]) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    assert CHROMIUM.exists(), "Debian's chromium is missing: SETUP_TEST_TOOLS=1 deploy/setup.sh installs it"
+    base, env = api_base
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.goto(base + "/")
+            expect(page.locator("#status")).to_contain_text("live", timeout=WAIT_MS)
+            expect(page.locator("#alerts tbody")).to_contain_text("No alerts yet.")
+
+            broker = Broker(env["ALDEBARAN_AMQP_URL"])
+            try:
+                for body in STREAM:
+                    broker.publish_raw(body, "text/plain")
+                broker.publish_raw(UNREADABLE, "text/plain")
+            finally:
+                broker.close()
+
+            row = page.locator('#alerts tr[data-alert-id="over_purchase:1"]')
+            expect(row).to_be_visible(timeout=WAIT_MS)
+            expect(row).to_contain_text("over_purchase")
+            expect(row).to_contain_text("Sendence")
+            expect(row).to_contain_text("120")  # 90 + 30 purchased of 100
+            for channel in ("ops-log", "pull-api"):
+                expect(row.locator(f'td[data-channel="{channel}"] .badge')).to_have_attribute(
+                    "data-status", "delivered", timeout=WAIT_MS)
+            webhook = row.locator('td[data-channel="ops-webhook"]')
+            expect(webhook.locator(".badge")).to_have_attribute("data-status", "parked", timeout=WAIT_MS)
+            expect(webhook).to_contain_text("after 2 attempts")  # the channel's last error, as parked
+            expect(page.locator("#card-pull")).to_have_text("1", timeout=WAIT_MS)  # the queue-api channel's copy
+            dead = page.locator("#dead-letters tbody")
+            expect(dead).to_contain_text("lots", timeout=WAIT_MS)  # the unreadable message, with its reason
+            expect(dead).to_contain_text("Aldebaran.Channel.ops-webhook.Dead_Letter")
+            expect(page.locator('#queues tr[data-queue="Aldebaran.Channel.ops-webhook.Dead_Letter"]')).to_contain_text(
+                "1", timeout=WAIT_MS)  # the unreachable webhook's parked alert
+            expect(page.locator("#status")).to_contain_text("live")
+
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+        finally:
+            browser.close()
+    assert SCREENSHOT.stat().st_size > 10_000
