@@ -1,0 +1,26 @@
+"""`aldebaran audit`: the CLI glue around the audit job (the only file here that reads settings)."""
+
+from __future__ import annotations
+
+import argparse
+
+from aldebaran.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from spark_analytics.job import add_arguments
+
+    parser = subparsers.add_parser("audit", help="audit alerts against firehose traces with PySpark")
+    add_arguments(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, settings: Settings) -> int:
+    """Defaults come from the settings: the book TTL and the configured channels."""
+    from spark_analytics.job import options_from, run
+
+    opts = options_from(args, book_ttl_default=settings.book_ttl_seconds)
+    if not args.channel:
+        opts.channels = [c.name for c in settings.channels]
+    code, _ = run(opts, args.master, args.out, args.allow_gaps)
+    return code

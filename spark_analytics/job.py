@@ -1,0 +1,110 @@
+"""The audit job's entry point: `python -m spark_analytics ...` or `spark-submit spark_analytics/job.py ...`.
+
+Exit status: 0 clean; 1 discrepancies found, or (unless `--allow-gaps`) part of the
+window was not recorded, so no all-clear can be given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spark_analytics.options import AuditOptions  # noqa: E402
+
+
+def parse_time(text: str) -> int:
+    """ISO 8601 (UTC when no offset) or a date, as epoch milliseconds."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--traces", required=True, help="the recorder's directory (date=/hour= partitions)")
+    parser.add_argument("--since", help="start of the judged window (ISO 8601, UTC by default)")
+    parser.add_argument("--until", help="end of the judged window, exclusive")
+    parser.add_argument("--yesterday", action="store_true", help="judge the previous UTC day")
+    parser.add_argument("--master", help="Spark master URL (default local[2], or spark-submit's)")
+    parser.add_argument("--out", help="output directory (default: TRACES/_audit/<window>)")
+    parser.add_argument("--book-ttl", type=float, default=None, help="book lifetime in seconds (default 60)")
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds an alert may take before it is missed")
+    parser.add_argument("--late-after", type=float, default=5.0, help="detection latency (s) that counts as late")
+    parser.add_argument("--delivery-grace", type=float, default=120.0, help="seconds a channel may take")
+    parser.add_argument("--ttl-tolerance", type=float, default=2.0,
+                        help="orders with an event this close (s) to their book's close get no verdict")
+    parser.add_argument("--channel", action="append", default=[], help="a channel that must get every alert")
+    parser.add_argument("--allow-gaps", action="store_true", help="exit 0 when the only problem is gaps")
+
+
+def options_from(args: argparse.Namespace, book_ttl_default: float = 60.0) -> AuditOptions:
+    since = parse_time(args.since) if args.since else None
+    until = parse_time(args.until) if args.until else None
+    if args.yesterday:
+        today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        until = int(today.timestamp() * 1000)
+        since = until - 86_400_000
+    return AuditOptions(traces_dir=args.traces, since_ms=since, until_ms=until,
+                        book_ttl_s=args.book_ttl if args.book_ttl is not None else book_ttl_default,
+                        grace_s=args.grace, late_after_s=args.late_after, delivery_grace_s=args.delivery_grace,
+                        ttl_tolerance_s=args.ttl_tolerance, channels=list(args.channel))
+
+
+def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: bool = False,
+        spark: Any = None) -> tuple[int, dict[str, Any]]:
+    """Run the audit with console progress; returns (exit status, summary)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from spark_analytics import report
+    from spark_analytics.audit import run_audit
+
+    console = Console(stderr=True)
+    started = time.monotonic()
+    with console.status("starting Spark") as status:
+        if spark is None:
+            from spark_analytics.session import spark_session
+            spark = spark_session(master)
+
+        def step(text: str) -> None:
+            console.log(f"[bold]audit[/]: {text}")
+            status.update(text)
+        result = run_audit(spark, opts, step)
+        info = report.summary(result, opts, time.monotonic() - started)
+        if out is None:
+            label = "all" if opts.since_ms is None else report.iso(opts.since_ms)[:10]
+            out = str(Path(opts.traces_dir) / "_audit" / label)
+        step(f"writing Parquet, summary.json and report.html to {out}")
+        paths = report.write_outputs(result, info, out)
+    info["audit_seconds"] = round(time.monotonic() - started, 2)
+    Path(paths["summary"]).write_text(json.dumps(info, indent=2))  # with the final run time
+    table = Table(title=f"audit: {info['verdict']}")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for key in ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate", "channel_spurious"):
+        table.add_row(key, str(info["counts"][key]))
+    table.add_row("unaudited windows", str(len(info["unaudited_windows"])))
+    console.print(table)
+    console.print(f"report: {paths['report']}")
+    clean = info["verdict"] == "clean" or (allow_gaps and info["verdict"] == "unaudited")
+    return (0 if clean else 1), info
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spark_analytics", description="Audit alerts against firehose traces.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    code, _ = run(options_from(args), args.master, args.out, args.allow_gaps)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
