@@ -25,16 +25,16 @@ TAP = "test.alert-tap"
 class Pipeline:
     """One `aldebaran up` process bound to a test's vhost and Redis prefix."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *args: str, tracer: bool = False) -> None:
         self.env = env
         self.log_path = log_path
-        self.args = args
+        self.args = args if tracer else ("--no-tracer", *args)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, wait_ready: float = 60) -> "Pipeline":
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "aldebaran.cli", "up", "--no-tracer", *self.args],
+            [sys.executable, "-m", "aldebaran.cli", "up", *self.args],
             env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + wait_ready
         while time.monotonic() < deadline:

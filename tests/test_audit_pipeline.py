@@ -1,0 +1,68 @@
+"""The audit of a real pipeline run: `aldebaran up` with its tracer, a known stream, `aldebaran audit`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aldebaran.trades.events import Purchase
+from aldebaran.trades.generator import generate
+from tests.support.pipeline import Broker, Pipeline, alert_counts, collect_alerts, declare
+
+pytestmark = pytest.mark.spark
+
+CONFIG = """
+[[channels]]
+name = "ops-log"
+kind = "log"
+
+[[channels]]
+name = "pull"
+kind = "queue-api"
+"""
+
+
+def test_audit_of_a_real_run_is_clean(vhost, worker_env, tmp_path) -> None:
+    (tmp_path / "aldebaran.toml").write_text(CONFIG)
+    traces = tmp_path / "traces"
+    env = dict(worker_env, ALDEBARAN_CONFIG=str(tmp_path / "aldebaran.toml"), ALDEBARAN_TRACES_DIR=str(traces),
+               ALDEBARAN_BOOK_TTL_SECONDS="3")
+    declare(env)
+    broker = Broker(vhost.amqp_url)
+    broker.tap_alerts()
+    stream = generate(orders=150, seed=5, orphans=0.05)
+    pipeline = Pipeline(env, tmp_path / "up.log", tracer=True).start()
+    try:
+        broker.publish_raw(b"id:1\n# shares: 100\nclient: Sendence\nstock: AAPL\n")
+        broker.publish([Purchase("2", "1", 90, "Sendence", "AAPL"), Purchase("3", "1", 30, "Sendence", "AAPL")])
+        broker.publish(stream.events, batch=25)
+        broker.publish_raw(b"not a trade at all")
+        expected = stream.expected | {"over_purchase:1"}
+        alerts = collect_alerts(broker, expected=len(expected), timeout=90, settle=3)
+        assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected}
+        deadline = time.monotonic() + 60  # both channels delivered everything
+        while time.monotonic() < deadline and any(
+                broker.depth(f"Aldebaran.Channel.{name}") for name in ("ops-log", "pull")):
+            time.sleep(0.5)
+        time.sleep(2)  # the recorder flushes every 0.5 s
+    finally:
+        assert pipeline.stop() == 0
+        broker.close()
+
+    out = tmp_path / "audit"
+    result = subprocess.run(
+        [sys.executable, "-m", "aldebaran.cli", "audit", "--traces", str(traces), "--out", str(out),
+         "--book-ttl", "3", "--channel", "ops-log", "--channel", "pull"],
+        env=env, capture_output=True, text=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-3000:], summary.get("counts"))
+    assert summary["verdict"] == "clean"
+    assert summary["counts"]["expected_alerts"] == len(expected)  # re-derived on its own, same answer
+    assert all(count == 0 for key, count in summary["counts"].items()
+               if key in ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate",
+                          "channel_spurious"))
+    assert (out / "report.html").exists()
