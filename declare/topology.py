@@ -59,6 +59,10 @@ def durable_arguments(settings: Settings, dead_letter: str | None = DEAD_LETTER)
     if dead_letter:
         args["x-dead-letter-exchange"] = ""
         args["x-dead-letter-routing-key"] = dead_letter
+        # A message over its delivery limit is moved, not dropped: at-least-once dead
+        # lettering (RabbitMQ >= 3.10) needs reject-publish overflow.
+        args["x-dead-letter-strategy"] = "at-least-once"
+        args["x-overflow"] = "reject-publish"
     return args
 
 

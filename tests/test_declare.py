@@ -49,6 +49,8 @@ def test_quorum_queue_type_with_explicit_delivery_limit(vhost, worker_env) -> No
     trade = vhost.queues()["Aldebaran.Trade_Data"]
     assert trade["type"] == "quorum"
     assert trade["arguments"]["x-delivery-limit"] == 20
+    assert trade["arguments"]["x-dead-letter-strategy"] == "at-least-once"
+    assert trade["arguments"]["x-dead-letter-routing-key"] == "Aldebaran.Dead_Letter"
 
 
 def test_conflicting_queue_exits_non_zero_naming_it(vhost, worker_env) -> None:

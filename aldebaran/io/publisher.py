@@ -3,6 +3,11 @@
 A message the broker nacks (a full ingress with `overflow = reject-publish`) or that a
 flow-controlled connection could not confirm is retried with backoff, so a publisher
 is slowed down, never silently dropped. Counts of both are reported.
+
+Cluster mode (several `amqp_urls`): when the publisher's node goes away mid-stream,
+every message not yet confirmed is published again on a connection to the next node
+that answers. A message may thus reach the queue twice (it was routed, its confirm was
+lost with the connection); that is fine, books count an event once per event id.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import aio_pika
+import aio_pika.abc
 import aio_pika.exceptions
+import aiormq.exceptions
 
-from aldebaran.errors import PublishRefused
+from aldebaran.errors import PublishRefused, UnavailableError
 from aldebaran.io import amqp
 from aldebaran.io.amqp import backoff_delay
 from aldebaran.log import get_logger
 from aldebaran.metrics import PUBLISH_NACKS
-from aldebaran.settings import Settings
+from aldebaran.settings import Settings, mask_url
 from declare.topology import TRADE_DATA
 
 log = get_logger("publisher")
@@ -39,6 +46,8 @@ class PublishReport:
     messages: int = 0
     events: int = 0
     nacks: int = 0
+    resends: int = 0  # publishes repeated because their connection was lost unconfirmed
+    failovers: int = 0  # connections replaced after a loss
     elapsed: float = 0.0
 
     @property
@@ -46,16 +55,79 @@ class PublishReport:
         return self.events / self.elapsed if self.elapsed else 0.0
 
 
+# A lost connection shows up, depending on the moment, as any of these.
+LOST = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
+        aiormq.exceptions.ChannelClosed, ConnectionError, OSError, RuntimeError)
+
+
+class _Link:
+    """The publisher's connection, replaced by one to the next node when it is lost.
+
+    `generation` tells the senders which connection they used: many in-flight publishes
+    fail together when a node dies, and only the first to ask replaces the connection.
+    """
+
+    def __init__(self, settings: Settings, report: "PublishReport", attempts: int) -> None:
+        self.settings = settings
+        self.report = report
+        self.attempts = attempts
+        self.generation = 0
+        self.index = 0
+        self.connection: aio_pika.abc.AbstractConnection | None = None
+        self.exchange: aio_pika.abc.AbstractExchange | None = None
+        self._lock = asyncio.Lock()
+
+    async def open(self, start: int = 0) -> None:
+        connection, self.index = await amqp.connect_any(self.settings, "publisher", robust=False, start=start)
+        channel = await connection.channel(publisher_confirms=True)
+        self.connection, self.exchange = connection, await channel.get_exchange(TRADE_DATA, ensure=False)
+
+    @property
+    def broken(self) -> bool:
+        return self.connection is None or self.connection.is_closed
+
+    async def replace(self, generation: int) -> None:
+        """Connect again, beginning with the node after the lost one (once per loss)."""
+        async with self._lock:
+            if generation != self.generation:
+                return  # another sender already replaced it
+            await self.close()
+            for attempt in range(self.attempts):
+                try:
+                    await self.open(start=self.index + 1)
+                    break
+                except (UnavailableError, *LOST, asyncio.TimeoutError) as exc:
+                    delay = backoff_delay(attempt, base=0.2, cap=5.0)
+                    log.warning("no broker node answers; publisher retrying", error=str(exc),
+                                retry_in_seconds=round(delay, 2))
+                    await asyncio.sleep(delay)
+            else:
+                raise UnavailableError("publisher lost its broker and no node answered again")
+            self.generation += 1
+            self.report.failovers += 1
+            log.warning("publisher reconnected; re-sending unconfirmed messages",
+                        url=mask_url(self.settings.broker_urls[self.index]))
+
+    async def close(self) -> None:
+        if self.connection is not None and not self.connection.is_closed:
+            try:
+                await asyncio.wait_for(self.connection.close(), timeout=5)
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail
+                pass
+
+
 async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: float = 0.0,
                          window: int = 256, progress: Callable[[int], None] | None = None,
                          max_retries: int = 50) -> PublishReport:
-    """Publish every body to the trade exchange; returns once all are confirmed."""
+    """Publish every body to the trade exchange; returns once all are confirmed.
+
+    Survives losing its broker node: unconfirmed bodies are re-sent on the next node.
+    """
     report = PublishReport()
-    connection = await amqp.connect(settings, "publisher", robust=False)
+    link = _Link(settings, report, attempts=max_retries)
+    await link.open()
     started = time.perf_counter()
     try:
-        channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(TRADE_DATA, ensure=False)
         slots = asyncio.Semaphore(window)
         pending: set[asyncio.Task[None]] = set()
 
@@ -66,16 +138,37 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                         body.data, content_type=body.content_type,
                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                         headers={PUBLISHED_HEADER: int(time.time() * 1000)})
+                    generation, exchange = link.generation, link.exchange
+                    assert exchange is not None
                     try:
                         await exchange.publish(message, routing_key=TRADE_DATA, timeout=30)
                         break
                     except (aio_pika.exceptions.DeliveryError, asyncio.TimeoutError) as exc:
+                        if link.broken:  # a timeout on a dead connection is a loss, not a nack
+                            report.resends += 1
+                            await link.replace(generation)
+                            continue
                         report.nacks += 1
                         PUBLISH_NACKS.labels(publisher="trade").inc()
                         delay = backoff_delay(attempt, base=0.05, cap=2.0)
                         log.warning("broker refused a message; retrying", reason=str(exc) or "timeout",
                                     retry_in_seconds=round(delay, 3))
                         await asyncio.sleep(delay)
+                        if attempt >= 2 and len(settings.broker_urls) > 1:
+                            # A node that keeps refusing may hold a stale view of a quorum
+                            # queue's leader after a failover (RabbitMQ 3.10 nacks every
+                            # publish then, until the old leader is back): a fresh channel on
+                            # the next node asks anew. Once per connection, not per message.
+                            await link.replace(generation)
+                    except (*LOST, asyncio.CancelledError) as exc:
+                        task = asyncio.current_task()
+                        if isinstance(exc, asyncio.CancelledError) and (
+                                task is None or task.cancelling() or not link.broken):
+                            raise  # a real cancellation, not a confirm dropped with its connection
+                        report.resends += 1
+                        log.warning("connection lost before the confirm; re-sending on another node",
+                                    error=str(exc) or type(exc).__name__)
+                        await link.replace(generation)
                 else:
                     raise PublishRefused(
                         f"the broker refused a message {max_retries} times (ingress full: "
@@ -103,5 +196,5 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
             await asyncio.gather(*pending)
     finally:
         report.elapsed = time.perf_counter() - started
-        await connection.close()
+        await link.close()
     return report

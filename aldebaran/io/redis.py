@@ -16,8 +16,12 @@ def client(settings: Settings) -> aioredis.Redis:
     """A client that retries transient failures with jittered backoff."""
     # A blocking pool: thousands of books wait for one of a few connections instead of
     # failing with "Too many connections".
+    tls: dict[str, str] = {}
+    if settings.redis_url.startswith("rediss://") and settings.tls_ca_file:
+        tls["ssl_ca_certs"] = settings.tls_ca_file
     pool = aioredis.BlockingConnectionPool.from_url(
         settings.redis_url,
+        **tls,
         max_connections=64,
         timeout=30,
         health_check_interval=15,
