@@ -7,7 +7,15 @@ one worker; `aldebaran up` runs every worker of one machine in one process.
 WORKER_MODULES = {
     "aggregator": "workers.aggregator",
     "books": "workers.books",
+    "router": "workers.router",
+    "shard-books": "workers.shard_books",
     "lookout": "workers.lookout",
     "channel": "workers.channel",
     "tracer": "workers.tracer",
+}
+
+# Per `mode`: the worker kinds that play the aggregator and the book-worker roles.
+MODE_KINDS = {
+    "per-order": ("aggregator", "books"),
+    "sharded": ("router", "shard-books"),
 }

@@ -13,8 +13,13 @@ channels absorb by `alert_id` (docs/alerts.md walks through every window).
 
 from __future__ import annotations
 
+import asyncio
+from typing import Sequence
+
 import aio_pika
 import aio_pika.abc
+import aio_pika.exceptions
+import aiormq
 import redis.asyncio as aioredis
 
 from aldebaran.core.rule import Alert
@@ -65,3 +70,76 @@ class AlertOutbox:
         ALERTS_FIRED.labels(kind=alert.kind).inc()
         log.info("alert published", alert_id=alert.alert_id, kind=alert.kind, order_id=alert.key)
         return True
+
+    async def emit_many(self, alerts: Sequence[Alert]) -> list[bool]:
+        """`emit` for a batch: the same three steps and guarantees, in two Redis calls.
+
+        Why: the sharded mode fires thousands of alerts per second; one round trip per
+        step per alert (or a pipeline of one command per alert) made Redis and the
+        client's command encoding the bottleneck. Each step is one Lua call for the batch.
+        """
+        if not alerts:
+            return []
+        keys = [self._keys.alert(alert.alert_id) for alert in alerts]
+        bodies = [alert.to_json() for alert in alerts]
+        states = await self._redis.eval(_RECORD_PENDING, len(keys), *keys, self._retention,
+                                        *[_PENDING + body for body in bodies])
+        publish: list[int] = []
+        published = [False] * len(alerts)
+        for i, state in enumerate(states):
+            if state == 1:  # recorded pending by this call
+                publish.append(i)
+                continue
+            alert = alerts[i]
+            if state == _SENT:
+                ALERTS_DEDUPLICATED.inc()
+                log.info("alert already sent", alert_id=alert.alert_id, order_id=alert.key)
+            else:
+                bodies[i] = state[len(_PENDING):]
+                publish.append(i)
+                log.warning("re-publishing a pending alert", alert_id=alert.alert_id, order_id=alert.key)
+        if not publish:
+            return published
+        # The channel under aio-pika: a batch of confirms costs a third of the CPU this way.
+        channel = await self._exchange.channel.get_underlay_channel()
+        confirms = await asyncio.gather(*(channel.basic_publish(
+            bodies[i], exchange=ALERT, routing_key=ALERT,
+            properties=aiormq.spec.Basic.Properties(
+                delivery_mode=2, message_id=alerts[i].alert_id, content_type="application/json",
+                message_type=alerts[i].kind)) for i in publish))
+        if any(not isinstance(confirm, aiormq.spec.Basic.Ack) for confirm in confirms):
+            # Still pending in Redis: whoever recomputes them re-publishes.
+            raise aio_pika.exceptions.DeliveryError(None, None)
+        recent = [bodies[i] for i in publish[-RECENT_ALERTS:]]
+        await self._redis.eval(_MARK_SENT, len(publish) + 1, self._keys.recent_alerts(),
+                               *[keys[i] for i in publish], self._retention, RECENT_ALERTS, *recent)
+        for i in publish:
+            published[i] = True
+            ALERTS_FIRED.labels(kind=alerts[i].kind).inc()
+        log.info("alerts published", count=len(publish),
+                 alert_ids=[alerts[i].alert_id for i in publish[:20]])
+        return published
+
+
+# KEYS: alert keys; ARGV[1]: retention; ARGV[1+i]: "pending:<json>" of KEYS[i].
+# Returns per key 1 (recorded now) or the existing value ("sent" or "pending:<json>").
+_RECORD_PENDING = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[i + 1], 'NX', 'EX', ARGV[1]) then
+    out[i] = 1
+  else
+    out[i] = redis.call('GET', key) or 1
+    if out[i] == 1 then redis.call('SET', key, ARGV[i + 1], 'EX', ARGV[1]) end
+  end
+end
+return out
+"""
+
+# KEYS[1]: recent-alerts list; KEYS[2..]: alert keys. ARGV: retention, list length, bodies.
+_MARK_SENT = """
+for i = 2, #KEYS do redis.call('SET', KEYS[i], 'sent', 'EX', ARGV[1]) end
+for i = 3, #ARGV do redis.call('LPUSH', KEYS[1], ARGV[i]) end
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+return #KEYS - 1
+"""

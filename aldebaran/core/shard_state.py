@@ -1,0 +1,131 @@
+"""One shard's books in memory: many generic Books, a deadline heap, done markers. Pure.
+
+The shard worker feeds events in delivery order; this class says what fires, closes
+books when their deadline (ingest time + ttl) has passed, and produces the delta and
+snapshot images the worker checkpoints. A shard rebuilt from its images and fed the
+redelivered tail of its queue reaches the same verdicts: books dedup by event id, and
+done markers turn events of closed books into late ones.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+import msgspec
+
+from aldebaran.core.book import Book, Offer, Outcome
+from aldebaran.core.rule import Alert, Rule
+from aldebaran.core.snapshot import BookRecord, DoneMarker, ShardImage, encode_image, encode_state
+
+BookId = tuple[str, str]  # (app, key)
+_LATE = Offer(Outcome.LATE)
+
+
+class ShardBooks:
+    """The open books and recently closed keys of one shard, for one or more rules."""
+
+    def __init__(self, rules: Mapping[str, Rule[Any]], default_ttl: float, done_retention: float) -> None:
+        self.rules = dict(rules)
+        self.ttl = {name: rule.ttl_seconds(default_ttl) for name, rule in self.rules.items()}
+        self.retention = done_retention
+        self.books: dict[BookId, Book[Any]] = {}
+        self.done: dict[BookId, float] = {}
+        self._deadlines: list[tuple[float, BookId]] = []
+        self._expiries: deque[tuple[float, BookId]] = deque()
+        self._dirty: set[BookId] = set()
+        self._closed: list[DoneMarker] = []
+        self._state_decoders = {name: msgspec.msgpack.Decoder(type(rule.new_state("")))
+                                for name, rule in self.rules.items()}
+
+    @property
+    def changed(self) -> bool:
+        """Whether a delta would hold anything."""
+        return bool(self._dirty or self._closed)
+
+    def offer(self, app: str, event: Any, at: float, now: datetime) -> Offer:
+        """One delivered event of rule `app` that entered the pipeline at `at` (epoch s)."""
+        rule = self.rules[app]
+        bid = (app, rule.key(event, at))
+        if bid in self.done:
+            return _LATE
+        book = self.books.get(bid)
+        if book is None:
+            book = Book(rule, bid[1], opened_at=at, ttl=self.ttl[app])
+            self.books[bid] = book
+            heapq.heappush(self._deadlines, (book.deadline, bid))
+        offer = book.offer(event, at=at, now=now)
+        if offer.outcome is Outcome.APPLIED:
+            self._dirty.add(bid)
+        return offer
+
+    def close_due(self, now_ts: float, now: datetime) -> list[Alert]:
+        """Close every book whose deadline passed; forget done markers that expired."""
+        alerts: list[Alert] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now_ts:
+            _, bid = heapq.heappop(heap)
+            book = self.books.pop(bid, None)
+            if book is None:
+                continue
+            alerts.extend(book.close(now))
+            self._mark_done(bid, now_ts + self.retention)
+            self._dirty.discard(bid)
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now_ts:
+            expires_at, bid = expiries.popleft()
+            if self.done.get(bid) == expires_at:
+                del self.done[bid]
+        return alerts
+
+    def _mark_done(self, bid: BookId, expires_at: float) -> None:
+        self.done[bid] = expires_at
+        self._expiries.append((expires_at, bid))
+        self._closed.append(DoneMarker(bid[0], bid[1], expires_at))
+
+    def _record(self, bid: BookId, book: Book[Any]) -> BookRecord:
+        return BookRecord(bid[0], bid[1], book.opened_at, list(book.seen), encode_state(book.state))
+
+    def take_delta(self) -> bytes:
+        """The books changed and closed since the last take, encoded now (they keep changing)."""
+        books = self.books
+        records = [self._record(bid, books[bid]) for bid in self._dirty if bid in books]
+        image = ShardImage(records, self._closed)
+        self._dirty = set()
+        self._closed = []
+        return encode_image(image)
+
+    def take_snapshot(self) -> bytes:
+        """Every open book and live done marker (replaces the snapshot and all deltas)."""
+        self._dirty = set()
+        self._closed = []
+        records = [self._record(bid, book) for bid, book in self.books.items()]
+        done = [DoneMarker(bid[0], bid[1], at) for bid, at in self.done.items()]
+        return encode_image(ShardImage(records, done))
+
+    def restore(self, images: Sequence[ShardImage], now_ts: float) -> None:
+        """Rebuild from a snapshot followed by its deltas, in order."""
+        for image in images:
+            for record in image.books:
+                rule = self.rules.get(record.app)
+                if rule is None:
+                    continue  # an application no longer configured: its books are gone
+                bid = (record.app, record.key)
+                if bid in self.done:
+                    continue
+                book = Book(rule, record.key, opened_at=record.opened_at, ttl=self.ttl[record.app])
+                book.state = self._state_decoders[record.app].decode(record.state)
+                book.seen = set(record.seen)
+                self.books[bid] = book
+            for marker in image.done:
+                bid = (marker.app, marker.key)
+                self.books.pop(bid, None)
+                if marker.expires_at > now_ts:
+                    self.done[bid] = marker.expires_at
+        self._deadlines = [(book.deadline, bid) for bid, book in self.books.items()]
+        heapq.heapify(self._deadlines)
+        self._expiries = deque(sorted((at, bid) for bid, at in self.done.items()))
+        self._dirty = set()
+        self._closed = []

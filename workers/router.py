@@ -1,0 +1,229 @@
+"""The sharded aggregator ("router"): re-batch the trade stream into a fixed set of shard queues.
+
+Trade messages (often batches of events) are consumed with a large prefetch and decoded;
+each event goes to the buffer of its shard (stable hash of the rule's key). A buffer is
+published to `book-shard-<n>` through the default exchange when it holds
+`batch_max_events` events or after `batch_linger_ms` (bounded latency), with publisher
+confirms. A trade message is acked only once every batch holding its events, and its
+dead-letters, are confirmed: one `multiple` ack on the highest fully-confirmed tag.
+Unreadable input is dead-lettered exactly like the per-order aggregator does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any, Sequence
+
+import aio_pika.abc
+import aiormq
+import aiormq.abc
+from pamqp import commands as spec
+
+from aldebaran.apps import load_rules
+from aldebaran.core.acks import AckTracker
+from aldebaran.core.rule import Rule
+from aldebaran.core.shards import SHARD_BATCH, Segment, encode_batch, shard_of
+from aldebaran.io import amqp
+from aldebaran.log import get_logger
+from aldebaran.runtime_tuning import tune_gc
+from aldebaran.metrics import BATCH_EVENTS, EVENTS_CONSUMED
+from aldebaran.settings import Settings
+from declare.declarer import declare_async
+from declare.topology import TRADE_DATA, shard_queue, shard_queue_arguments
+from workers.aggregator import PUBLISHED_HEADER, Aggregator
+from workers.runtime import Lifecycle
+
+log = get_logger("router")
+
+
+class RouterFailed(Exception):
+    """A shard batch was refused or could not be confirmed: the session restarts."""
+
+
+class _Buffer:
+    __slots__ = ("segments", "events", "tags")
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.events = 0
+        self.tags: list[int] = []
+
+
+class Router(Aggregator):
+    """Reuses the aggregator's rules, codec and dead-lettering; replaces its routing."""
+
+    name = "router"
+
+    def __init__(self, settings: Settings, rules: Sequence[Rule[Any]]) -> None:
+        super().__init__(settings, rules)
+        self.shards = settings.shards
+        self.queues = [shard_queue(n) for n in range(self.shards)]
+        self._linger = settings.batch_linger_ms / 1000.0
+        self._max_events = settings.batch_max_events
+        self._buffers = [_Buffer() for _ in range(self.shards)]
+        self._timer: asyncio.TimerHandle | None = None
+        self._tracker = AckTracker()
+        self._out: aiormq.abc.AbstractChannel | None = None
+        self._in: aiormq.abc.AbstractChannel | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failed: asyncio.Event = asyncio.Event()
+        self._ack_scheduled = False
+        self._acked_sent = 0
+
+    async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
+                       life: Lifecycle) -> None:
+        tune_gc()
+        self._buffers = [_Buffer() for _ in range(self.shards)]
+        self._tracker = AckTracker()
+        self._acked_sent = 0
+        self._failed = asyncio.Event()
+        self._tasks = set()
+        channel = await connection.channel(publisher_confirms=True)
+        await declare_async(channel, self.settings)
+        arguments = shard_queue_arguments(self.settings)
+        for name in self.queues:  # idempotent; the router needs them whatever `mode` says
+            await channel.declare_queue(name, durable=True, arguments=arguments)
+        self._default = channel.default_exchange
+        self._out = await channel.get_underlay_channel()
+        inbound = await connection.channel()
+        await inbound.set_qos(prefetch_count=self.settings.router_prefetch)
+        self._in = await inbound.get_underlay_channel()
+        queue = await inbound.get_queue(TRADE_DATA, ensure=False)
+        tag = await queue.consume(self.on_message)
+        log.info("consuming", queue=TRADE_DATA, mode="sharded", shards=self.shards,
+                 batch_max_events=self._max_events, linger_ms=self.settings.batch_linger_ms)
+        life.ready()
+        failed = asyncio.ensure_future(self._failed.wait())
+        ended_wait = asyncio.ensure_future(ended.wait())
+        await asyncio.wait([failed, ended_wait], return_when=asyncio.FIRST_COMPLETED)
+        failed.cancel()
+        ended_wait.cancel()
+        if not inbound.is_closed:
+            try:
+                await queue.cancel(tag)
+            except Exception:  # noqa: BLE001 - the channel died meanwhile
+                pass
+        if not self._failed.is_set():
+            self._flush_all()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=self.settings.shutdown_grace_seconds)
+            self._ack()
+        if self._failed.is_set() and not life.stopping.is_set():
+            raise ConnectionError("a shard batch was not confirmed; restarting the session")
+
+    async def on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        """Decode one trade message into the shard buffers (no await on the happy path)."""
+        tracker = self._tracker
+        delivery_tag = message.delivery_tag
+        assert delivery_tag is not None
+        tracker.add(delivery_tag)
+        decoded = self.codec.decode(message.body, message.content_type, self.settings.max_message_bytes)
+        BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
+        for reject in decoded.rejects:
+            tracker.hold(delivery_tag)
+            self._spawn(self._dead_letter_then_release(message, reject, delivery_tag))
+        if decoded.events:
+            self._route(decoded.events, delivery_tag, message.headers)
+        self._release(delivery_tag)
+
+    def _route(self, events: list[Any], delivery_tag: int, headers: Any) -> None:
+        ingest_ms = int(time.time() * 1000)
+        published_ms = (headers or {}).get(PUBLISHED_HEADER)
+        published_ms = published_ms if isinstance(published_ms, int) else 0
+        types = Counter(type(event).__name__ for event in events)
+        for kind, count in types.items():
+            EVENTS_CONSUMED.labels(type=kind).inc(count)
+        shards = self.shards
+        for rule in self.rules:
+            groups: dict[int, list[Any]] = {}
+            key = rule.key
+            accepts = rule.accepts
+            for event in events:
+                if accepts(event):
+                    shard = shard_of(key(event, ingest_ms / 1000), shards)
+                    group = groups.get(shard)
+                    if group is None:
+                        groups[shard] = [event]
+                    else:
+                        group.append(event)
+            pack_many = rule.codec.pack_many
+            for shard, group in groups.items():
+                buffer = self._buffers[shard]
+                buffer.segments.append(Segment(rule.name, ingest_ms, published_ms, pack_many(group)))
+                buffer.events += len(group)
+                buffer.tags.append(delivery_tag)
+                self._tracker.hold(delivery_tag)
+                if buffer.events >= self._max_events:
+                    self._flush(shard)
+        if self._timer is None and any(b.segments for b in self._buffers):
+            self._timer = asyncio.get_running_loop().call_later(self._linger, self._flush_all)
+
+    def _flush_all(self) -> None:
+        self._timer = None
+        for shard, buffer in enumerate(self._buffers):
+            if buffer.segments:
+                self._flush(shard)
+
+    def _flush(self, shard: int) -> None:
+        buffer = self._buffers[shard]
+        self._buffers[shard] = _Buffer()
+        BATCH_EVENTS.labels(stage="shard").observe(buffer.events)
+        self._spawn(self._publish(shard, encode_batch(buffer.segments), buffer.tags))
+
+    async def _publish(self, shard: int, body: bytes, tags: list[int]) -> None:
+        assert self._out is not None
+        try:
+            confirm = await self._out.basic_publish(
+                body, routing_key=self.queues[shard],
+                properties=spec.Basic.Properties(delivery_mode=2,
+                                                 content_type=SHARD_BATCH))
+        except Exception as exc:  # noqa: BLE001 - the channel died: everything unacked comes back
+            self._fail(f"shard batch not confirmed: {exc!r}")
+            return
+        if not isinstance(confirm, spec.Basic.Ack):
+            self._fail(f"shard batch refused by the broker: {confirm!r}")
+            return
+        for tag in tags:
+            self._release(tag)
+
+    async def _dead_letter_then_release(self, message: aio_pika.abc.AbstractIncomingMessage,
+                                        reject: Any, delivery_tag: int) -> None:
+        try:
+            await self._dead_letter(message, reject)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(f"dead-letter not confirmed: {exc!r}")
+            return
+        self._release(delivery_tag)
+
+    def _release(self, delivery_tag: int) -> None:
+        if self._failed.is_set():
+            return
+        if self._tracker.release(delivery_tag) is not None and not self._ack_scheduled:
+            self._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(self._ack)
+
+    def _ack(self) -> None:
+        """One multiple-ack for every trade message whose outputs are all confirmed."""
+        self._ack_scheduled = False
+        upto = self._tracker.acked
+        if upto > self._acked_sent and self._in is not None and not self._in.is_closed \
+                and not self._failed.is_set():
+            self._acked_sent = upto
+            self._spawn(self._in.basic_ack(upto, multiple=True))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _fail(self, reason: str) -> None:
+        if not self._failed.is_set():
+            log.error("router output failed; the session restarts and unacked input comes back",
+                      reason=reason)
+            self._failed.set()
+
+
+def build(settings: Settings, **_: Any) -> Router:
+    return Router(settings, load_rules(settings))
