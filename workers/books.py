@@ -57,6 +57,7 @@ class BookConsumer:
         self.held: list[aio_pika.abc.AbstractIncomingMessage] = []
         self.lock = asyncio.Lock()
         self.first_event = asyncio.Event()
+        self.pending = 0  # deliveries received and not yet processed
         self.log = log.bind(order_id=item.key, app=item.app)
 
     async def run(self, stopping: asyncio.Event) -> bool:
@@ -79,6 +80,7 @@ class BookConsumer:
                 remaining = self.book.deadline + settings.book_close_delay_seconds - time.time()
                 if await _wait_any(stopping, None, timeout=max(0.0, remaining)):
                     return False
+                await self._drain(ttl)
                 await self.close()
             # Tombstone: late events are counted and acked until the grace period ends.
             if await _wait_any(stopping, None, timeout=ttl):
@@ -98,13 +100,33 @@ class BookConsumer:
                     pass
             self.held.clear()
 
+    async def _drain(self, limit: float) -> None:
+        """Take in what already waits in the queue before closing.
+
+        A book that started late (a busy manager, a takeover) may find its deadline
+        passed while events stamped before it still sit in its queue: they count, so
+        the book reads until the queue is empty. The broker sends deliveries before the
+        reply to a passive declare on the same channel, so when the reply says "empty"
+        every earlier delivery is already in `pending` or done.
+        """
+        give_up = time.monotonic() + max(5.0, limit)
+        while time.monotonic() < give_up:
+            declared = await self.channel.declare_queue(self.item.queue, passive=True)
+            if not declared.declaration_result.message_count and not self.pending:
+                return
+            await asyncio.sleep(0.05)
+        self.log.warning("closing with events still queued (held events at book_prefetch?)")
+
     async def on_event(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        self.pending += 1
         try:
             async with self.lock:
                 await self._on_event(message)
         except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: rebuild from the broker
             self.manager.fail(exc)
             return
+        finally:
+            self.pending -= 1
         self.first_event.set()
 
     async def _on_event(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:

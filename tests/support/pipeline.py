@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 import msgspec
 import pika
+import pika.exceptions
 
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import TradeEvent
@@ -119,7 +120,15 @@ class Broker:
             messages.append((properties, body))
 
     def depth(self, queue: str) -> int:
-        return self.channel.queue_declare(queue, passive=True).method.message_count
+        """Messages ready in `queue`; 0 while it does not exist yet."""
+        try:
+            return self.channel.queue_declare(queue, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:
+                raise
+            self.channel = self.connection.channel()
+            self.channel.confirm_delivery()
+            return 0
 
 
 def collect_alerts(broker: Broker, expected: int, timeout: float = 60, settle: float = 1.0) -> list[dict]:
