@@ -188,6 +188,8 @@ class Settings(BaseSettings):
     shard_workers: Annotated[int, Field(ge=1, le=4096)] = 1  # book worker processes sharing the shards
     shard_worker_index: Annotated[int, Field(ge=0, le=4095)] = 0  # this process's preferred shards: n % workers
     shard_standby_seconds: Annotated[float, Field(ge=0)] = 2.0  # before subscribing to others' shards as standby
+    shard_heartbeat_ms: Annotated[float, Field(ge=10, le=10_000)] = 250.0  # router -> every shard: its ingest clock
+    shard_clock_margin_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0  # no router heard: close on clock minus this
     latency_samples_dir: str = ""  # bench only: workers append raw latency samples here ("" = off)
 
     # Alerts

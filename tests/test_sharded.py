@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -14,12 +17,13 @@ import pytest
 from aldebaran.apps.trade_limits import rule
 from aldebaran.core.acks import AckTracker
 from aldebaran.core.book import Outcome
-from aldebaran.core.shard_state import ShardBooks
+from aldebaran.core.shard_state import FINAL_HEADER, HEARTBEAT, ROUTER_HEADER, ShardBooks
 from aldebaran.core.shards import Segment, decode_batch, encode_batch, shard_of
 from aldebaran.core.snapshot import decode_image
 from aldebaran.trades.codec import TRADE_CODEC
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
+from declare.topology import TRADE_DATA, shard_queue
 from tests.support import services
 from tests.support.pipeline import Broker, Pipeline, alert_counts, collect_alerts, declare, running
 
@@ -111,6 +115,19 @@ def _wait_parent_ready(pipeline: Pipeline, timeout: float = 60) -> None:
     raise AssertionError(f"up not ready:\n{pipeline.log()[-3000:]}")
 
 
+def _log_records(log: str) -> list[dict]:
+    """The JSON log records of `up` and its children. Children share one file and `print`
+    writes a record and its newline separately, so two records can share a line: parse
+    every flat {...} object rather than every line."""
+    records = []
+    for match in re.finditer(r"\{[^{}\n]*\}", log):
+        try:
+            records.append(json.loads(match.group(0)))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 def _signature(alert: dict) -> tuple:
     return (alert["alert_id"], alert["kind"], alert["order_id"], alert["client"], alert["stock"],
             alert["requested_shares"])
@@ -184,6 +201,66 @@ def test_sigkill_of_a_shard_book_worker_mid_stream_loses_and_duplicates_nothing(
     # confirmed an alert but before it was marked sent, the new owner re-publishes the
     # recorded (identical) alert; recipients dedup it by alert_id (docs/alerts.md).
     repeated = {a for a, n in counts.items() if n > 1}
-    republished = {json.loads(line).get("alert_id") for line in log.splitlines() if "re-publishing" in line}
+    republished = {record.get("alert_id") for record in _log_records(log) if "re-publishing" in record.get("event", "")}
     assert repeated <= republished, sorted(repeated - republished)[:5]
     assert max(counts.values()) <= 2
+
+
+def test_router_heartbeats_never_overtake_earlier_stamped_events(vhost, redis_prefix, tmp_path) -> None:
+    """In every shard queue, each batch after a heartbeat T is stamped at T or later.
+
+    That is the promise shard workers close books on (docs/sharding.md, closing clock):
+    the router flushes its buffers before a heartbeat and publishes it on the same
+    channel behind them. No shard worker runs here: the queues are read as published.
+    """
+    env = dict(_env(vhost, redis_prefix, tmp_path), ALDEBARAN_MODE="sharded", ALDEBARAN_SHARDS="2",
+               ALDEBARAN_SHARD_HEARTBEAT_MS="20", ALDEBARAN_BATCH_MAX_EVENTS="30",
+               ALDEBARAN_BATCH_LINGER_MS="100")  # buffers hold events when heartbeats are due
+    declare(env)
+    broker = Broker(vhost.amqp_url)
+    log_path = tmp_path / "router.log"
+    with open(log_path, "ab") as log:
+        router = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "router"],
+                                  env=env, stdout=log, stderr=log)
+    stream = generate(orders=400, seed=3, orphans=0.05)
+    try:
+        deadline = time.monotonic() + 60
+        while '"event": "ready"' not in log_path.read_text(errors="replace"):
+            assert router.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.1)
+        for start in range(0, len(stream.events), 100):
+            broker.publish(stream.events[start:start + 100], batch=10)
+            time.sleep(0.03)  # heartbeats land between batches, not only at the end
+        deadline = time.monotonic() + 60
+        while broker.depth(TRADE_DATA) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        router.send_signal(signal.SIGTERM)
+        assert router.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+    events = 0
+    for shard in range(2):
+        messages = broker.drain(shard_queue(shard))
+        promised: dict[str, int] = {}
+        heartbeats = batches_after_a_heartbeat = 0
+        for properties, body in messages:
+            if properties.content_type == HEARTBEAT:
+                headers = properties.headers or {}
+                router_id = headers[ROUTER_HEADER]
+                router_id = router_id.decode() if isinstance(router_id, bytes) else router_id
+                clock = int(body)
+                assert clock >= promised.get(router_id, 0), "a router's clock went back"
+                promised[router_id] = clock
+                heartbeats += 1
+                continue
+            if promised:
+                batches_after_a_heartbeat += 1
+            for segment in decode_batch(body):
+                stale = [t for t in promised.values() if segment.ingest_ms < t]
+                assert not stale, (shard, segment.ingest_ms, stale)
+                events += len(TRADE_CODEC.unpack_many(segment.events))
+        assert len(promised) == 1 and heartbeats >= 3 and batches_after_a_heartbeat, (shard, heartbeats)
+        last_properties, _ = messages[-1]
+        assert last_properties.content_type == HEARTBEAT and (last_properties.headers or {}).get(FINAL_HEADER)
+    broker.close()
+    assert events == len(stream.events)

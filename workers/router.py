@@ -7,12 +7,21 @@ published to `book-shard-<n>` through the default exchange when it holds
 confirms. A trade message is acked only once every batch holding its events, and its
 dead-letters, are confirmed: one `multiple` ack on the highest fully-confirmed tag.
 Unreadable input is dead-lettered exactly like the per-order aggregator does.
+
+Every `shard_heartbeat_ms` the router flushes its buffers and then publishes to EVERY
+shard queue, on the same confirm channel and so behind those batches, a heartbeat with
+its ingest clock T: no event it stamps from then on is stamped before T. Shard workers
+close books on the minimum of their routers' heartbeats (`ShardClock`), never on their
+own clock while routers are alive. Stamps are kept monotonic for that promise to hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
+import uuid
 from collections import Counter
 from typing import Any, Sequence
 
@@ -24,6 +33,7 @@ from pamqp import commands as spec
 from aldebaran.apps import load_rules
 from aldebaran.core.acks import AckTracker
 from aldebaran.core.rule import Rule
+from aldebaran.core.shard_state import FINAL_HEADER, HEARTBEAT, ROUTER_HEADER
 from aldebaran.core.shards import SHARD_BATCH, Segment, encode_batch, shard_of
 from aldebaran.io import amqp
 from aldebaran.log import get_logger
@@ -71,6 +81,16 @@ class Router(Aggregator):
         self._failed: asyncio.Event = asyncio.Event()
         self._ack_scheduled = False
         self._acked_sent = 0
+        self._heartbeat = settings.shard_heartbeat_ms / 1000.0
+        self.router_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._clock_ms = 0  # newest ingest stamp handed out or promised (monotonic, epoch ms)
+
+    def _stamp(self) -> int:
+        """The ingest clock (epoch ms), never going back: a heartbeat's promise holds across NTP steps."""
+        now = int(time.time() * 1000)
+        if now > self._clock_ms:
+            self._clock_ms = now
+        return self._clock_ms
 
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
                        life: Lifecycle) -> None:
@@ -95,18 +115,22 @@ class Router(Aggregator):
         log.info("consuming", queue=TRADE_DATA, mode="sharded", shards=self.shards,
                  batch_max_events=self._max_events, linger_ms=self.settings.batch_linger_ms)
         life.ready()
+        beats = asyncio.ensure_future(self._heartbeats())
         failed = asyncio.ensure_future(self._failed.wait())
         ended_wait = asyncio.ensure_future(ended.wait())
-        await asyncio.wait([failed, ended_wait], return_when=asyncio.FIRST_COMPLETED)
-        failed.cancel()
-        ended_wait.cancel()
+        try:
+            await asyncio.wait([failed, ended_wait], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            beats.cancel()
+            failed.cancel()
+            ended_wait.cancel()
         if not inbound.is_closed:
             try:
                 await queue.cancel(tag)
             except Exception:  # noqa: BLE001 - the channel died meanwhile
                 pass
         if not self._failed.is_set():
-            self._flush_all()
+            self._beat(final=True)  # flushes first; then shards forget this router at once
             if self._tasks:
                 await asyncio.wait(list(self._tasks), timeout=self.settings.shutdown_grace_seconds)
             self._ack()
@@ -129,7 +153,7 @@ class Router(Aggregator):
         self._release(delivery_tag)
 
     def _route(self, events: list[Any], delivery_tag: int, headers: Any) -> None:
-        ingest_ms = int(time.time() * 1000)
+        ingest_ms = self._stamp()
         published_ms = (headers or {}).get(PUBLISHED_HEADER)
         published_ms = published_ms if isinstance(published_ms, int) else 0
         types = Counter(type(event).__name__ for event in events)
@@ -159,6 +183,42 @@ class Router(Aggregator):
                     self._flush(shard)
         if self._timer is None and any(b.segments for b in self._buffers):
             self._timer = asyncio.get_running_loop().call_later(self._linger, self._flush_all)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat)
+            self._beat()
+
+    def _beat(self, final: bool = False) -> None:
+        """Hand every buffered batch to the channel, then one heartbeat per shard behind them.
+
+        Order: `_flush_all` spawns the batch tasks first, the heartbeat tasks after; each
+        runs without suspending up to aiormq's channel lock, which is FIFO, so the frames
+        go out in this order and the queue holds every earlier-stamped event before T.
+        """
+        if self._failed.is_set() or self._out is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._flush_all()
+        clock = self._stamp()
+        body = str(clock).encode()
+        headers: dict[str, Any] = {ROUTER_HEADER: self.router_id}
+        if final:
+            headers[FINAL_HEADER] = True
+        for shard in range(self.shards):  # one Properties each: aiormq writes a message id into it
+            properties = spec.Basic.Properties(delivery_mode=1, content_type=HEARTBEAT, headers=dict(headers))
+            self._spawn(self._publish_heartbeat(shard, body, properties))
+
+    async def _publish_heartbeat(self, shard: int, body: bytes, properties: spec.Basic.Properties) -> None:
+        assert self._out is not None
+        try:
+            confirm = await self._out.basic_publish(body, routing_key=self.queues[shard], properties=properties)
+        except Exception as exc:  # noqa: BLE001 - the channel died: restart like a batch would
+            self._fail(f"shard heartbeat not confirmed: {exc!r}")
+            return
+        if not isinstance(confirm, spec.Basic.Ack):  # harmless: the shard waits for the next one
+            log.warning("shard heartbeat refused by the broker", shard=shard, reply=repr(confirm))
 
     def _flush_all(self) -> None:
         self._timer = None

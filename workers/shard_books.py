@@ -8,7 +8,9 @@ Every `shard_checkpoint_ms` or `shard_checkpoint_messages`, per shard: wait for 
 alerts fired so far, append ONE delta record to the shard's Redis list, then ack
 everything processed with ONE multiple-ack. Every `shard_compact_seconds` the delta is
 replaced by a full snapshot (MULTI: set snapshot, delete deltas). A new owner loads
-snapshot + deltas before it processes the redelivered tail. See docs/sharding.md.
+snapshot + deltas before it processes the redelivered tail. Books close on the shard's
+`ShardClock`: the minimum of the live routers' heartbeats, which arrive in order behind
+their batches, so a starved or lagging worker never closes a book early. See docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from aldebaran.bench.samples import LatencySamples
 from aldebaran.core.book import Outcome
 from aldebaran.core.outbox import AlertOutbox
 from aldebaran.core.rule import Alert, Rule
-from aldebaran.core.shard_state import ShardBooks
+from aldebaran.core.shard_state import FINAL_HEADER, HEARTBEAT, ROUTER_HEADER, ShardBooks, ShardClock
 from aldebaran.core.shards import decode_batch
 from aldebaran.core.snapshot import decode_image
 from aldebaran.io import amqp
@@ -45,10 +47,11 @@ from workers.runtime import Lifecycle
 log = get_logger("shard-books")
 TICK_SECONDS = 0.05
 # Closing later than a deadline changes no verdict (a Book judges each event by its own
-# ingest time), closing earlier would: so the clocks used for closing lag a little.
-IDLE_SECONDS = 1.0  # no delivery for this long: the shard has caught up, close on the clock...
-IDLE_GRACE_SECONDS = 2.0  # ...minus this, for events still between router and shard
-SKEW_SECONDS = 0.5  # while active: the watermark minus this (routers' clocks and interleaving)
+# ingest time), closing earlier would: so the closing clock lags a little. The heartbeat
+# watermark is exact for the routers it knows; the skew covers a router that has just
+# started (its first batches come before its first heartbeat) with a clock a bit behind.
+SKEW_SECONDS = 0.5
+ROUTER_EXPIRY_HEARTBEATS = 10  # a router silent for this many heartbeat intervals is forgotten
 ALERT_BATCH = 500
 ALERT_BATCHES_IN_FLIGHT = 8
 
@@ -150,8 +153,7 @@ class ShardConsumer:
         self.last_tag = 0
         self.acked_tag = 0
         self.since_checkpoint = 0
-        self.watermark = 0.0  # newest ingest time processed (epoch s)
-        self.last_delivery = 0.0  # monotonic
+        self.clock: ShardClock | None = None  # set with the state: the routers' heartbeats
         self.last_checkpoint = time.monotonic()
         self.last_compaction = time.monotonic()
         self.checkpointing: asyncio.Task[None] | None = None
@@ -181,6 +183,7 @@ class ShardConsumer:
         images = ([decode_image(snapshot)] if snapshot else []) + [decode_image(d) for d in deltas]
         state = self.worker.new_state()
         state.restore(images, time.time())
+        self.clock = self.worker.new_clock()
         self.log.info("shard taken over", books=len(state.books), done_markers=len(state.done),
                       deltas=len(deltas), backlog=len(self.backlog),
                       load_ms=round((time.perf_counter() - started) * 1000, 1))
@@ -194,6 +197,11 @@ class ShardConsumer:
         assert state is not None
         worker = self.worker
         tag = message.delivery.delivery_tag  # type: ignore[union-attr]
+        properties = message.header.properties
+        if properties.content_type == HEARTBEAT:
+            self._heartbeat(message, properties.headers or {})
+            self.last_tag = tag  # acked by the next checkpoint's multiple-ack, like any message
+            return
         try:
             segments = decode_batch(message.body)
             batches = [(seg, worker.rules[seg.app].codec.unpack_many(seg.events)) for seg in segments]
@@ -206,11 +214,10 @@ class ShardConsumer:
         emitter = worker.emitter
         samples = worker.samples
         applied = duplicate = late = events_total = 0
-        self.last_delivery = time.monotonic()
+        assert self.clock is not None
+        self.clock.message(time.monotonic())
         for segment, events in batches:
             at = segment.ingest_ms / 1000.0
-            if at > self.watermark:
-                self.watermark = at
             app = segment.app
             published_ms = segment.published_ms
             offer = state.offer
@@ -238,23 +245,38 @@ class ShardConsumer:
         if self.since_checkpoint >= worker.settings.shard_checkpoint_messages:
             self.request_checkpoint()
 
+    def _heartbeat(self, message: aiormq.abc.DeliveredMessage, headers: Any) -> None:
+        """A router promises to stamp nothing earlier than the body's clock from now on."""
+        assert self.clock is not None
+        router = headers.get(ROUTER_HEADER)
+        try:
+            if isinstance(router, bytes):
+                router = router.decode()
+            if not isinstance(router, str) or not router:
+                raise ValueError(f"no {ROUTER_HEADER} header")
+            clock_ms = int(message.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._spawn(self._dead_letter(message, f"unreadable shard heartbeat: {exc!r}"))
+            return
+        self.clock.heartbeat(router, clock_ms / 1000.0, time.monotonic(), final=bool(headers.get(FINAL_HEADER)))
+
     def tick(self, now_ts: float, now: datetime, monotonic: float) -> None:
         """Close books whose deadline passed; checkpoint when the interval is up.
 
-        While deliveries flow, "now" for closing is the shard's watermark (the newest
-        ingest time processed), never ahead of the wall clock: a shard that lags behind
-        its queue (a backlog, a takeover replaying redelivered messages) still counts
-        every event that entered before a book's deadline. An idle shard uses the clock.
-        Both lag a little on purpose (constants above): late closing changes no verdict.
+        "Now" for closing is the shard's watermark: the minimum of the live routers'
+        heartbeats processed so far (`ShardClock`), never ahead of the wall clock, minus a
+        little skew. A shard that lags behind its queue (a backlog, a starved process, a
+        takeover replaying redelivered messages) reads the heartbeats late too, so it still
+        counts every event stamped before a book's deadline. Only when nothing at all was
+        processed for the router expiry does it close on the wall clock minus a generous
+        margin (`shard_clock_margin_seconds`).
         """
-        if self.state is None:
+        if self.state is None or self.clock is None:
             return
-        if monotonic - self.last_delivery < IDLE_SECONDS:
-            close_ts = min(now_ts, self.watermark) - SKEW_SECONDS
-        else:
-            close_ts = now_ts - IDLE_GRACE_SECONDS
-        for alert in self.state.close_due(close_ts, now):
-            self.worker.emitter.add(alert, 0)
+        watermark = self.clock.watermark(now_ts, monotonic)
+        if watermark is not None:
+            for alert in self.state.close_due(watermark - SKEW_SECONDS, now):
+                self.worker.emitter.add(alert, 0)
         if monotonic - self.last_checkpoint >= self.worker.checkpoint_seconds:
             self.request_checkpoint()
 
@@ -328,6 +350,10 @@ class ShardBookWorker:
     def new_state(self) -> ShardBooks:
         return ShardBooks(self.rules, self.settings.book_ttl_seconds,
                           self.settings.shard_done_retention_seconds)
+
+    def new_clock(self) -> ShardClock:
+        expiry = ROUTER_EXPIRY_HEARTBEATS * self.settings.shard_heartbeat_ms / 1000.0
+        return ShardClock(expiry, self.settings.shard_clock_margin_seconds, time.monotonic())
 
     def count(self, applied: int, duplicate: int, late: int) -> None:
         counts = self._counts

@@ -129,3 +129,77 @@ class ShardBooks:
         self._expiries = deque(sorted((at, bid) for bid, at in self.done.items()))
         self._dirty = set()
         self._closed = []
+
+
+# --- the closing clock: router heartbeats ------------------------------------------------
+
+HEARTBEAT = "application/x-aldebaran-shard-heartbeat"  # content type; body: the router's clock, epoch ms (ASCII)
+ROUTER_HEADER = "x-aldebaran-router"  # which router sent a heartbeat (one id per router process)
+FINAL_HEADER = "x-aldebaran-final"  # true on a router's last heartbeat (graceful stop): forget it at once
+
+
+class ShardClock:
+    """When a shard may close books: the minimum, over live routers, of their last heartbeat.
+
+    A router publishes to every shard queue, in order behind its batches, a heartbeat
+    carrying its ingest clock T: every event it stamps from then on is stamped at T or
+    later, and every event it stamped earlier is already ahead in the queue. So once a
+    shard has processed heartbeats T_r of every live router r, no event stamped before
+    min(T_r) can still arrive: books whose deadline is below it may close. A starved or
+    lagging shard worker simply reads the heartbeats later; it never closes early.
+
+    A router that sent nothing for `expiry` seconds is forgotten, so a dead router cannot
+    stall closing forever. "Sent nothing" holds on both clocks: on the routers' own (the
+    newest heartbeat of any router is `expiry` ahead of its last one, i.e. it missed its
+    turn in the queue, which a lagging worker does not fake) and locally (nothing from it
+    processed for `expiry`, which clock skew between routers does not fake). When nothing
+    at all (heartbeat or batch) was processed for `expiry` — every router gone, or this
+    worker starved — the clock is the wall clock minus `margin` (generous: it is only
+    wrong for a shard whose queue lags by more than that). Pure; times are passed in.
+    """
+
+    def __init__(self, expiry: float, margin: float, monotonic: float) -> None:
+        self.expiry = expiry
+        self.margin = margin
+        self.routers: dict[str, float] = {}  # router id -> its newest heartbeat clock (epoch s)
+        self.heard: dict[str, float] = {}  # router id -> local monotonic time it was last processed
+        self.last_message = monotonic  # anything processed on this shard (monotonic)
+        self._floor = float("-inf")  # the clock never goes back
+
+    def message(self, monotonic: float) -> None:
+        """A batch was processed: the queue is not silent."""
+        self.last_message = monotonic
+
+    def heartbeat(self, router: str, clock: float, monotonic: float, final: bool = False) -> None:
+        """Router `router` will stamp nothing earlier than `clock` (epoch s) from now on."""
+        self.last_message = monotonic
+        if final:
+            self.routers.pop(router, None)
+            self.heard.pop(router, None)
+            return
+        if clock > self.routers.get(router, float("-inf")):
+            self.routers[router] = clock
+        self.heard[router] = monotonic
+        self._expire(monotonic)
+
+    def _expire(self, monotonic: float) -> None:
+        if not self.routers:
+            return
+        newest = max(self.routers.values())
+        for router, clock in list(self.routers.items()):
+            if newest - clock > self.expiry and monotonic - self.heard[router] > self.expiry:
+                del self.routers[router]
+                del self.heard[router]
+
+    def watermark(self, now_ts: float, monotonic: float) -> float | None:
+        """The clock to close books on (epoch s, never ahead of `now_ts`), or None: not yet."""
+        if monotonic - self.last_message >= self.expiry:
+            value = now_ts - self.margin
+        else:
+            self._expire(monotonic)
+            if not self.routers:
+                return None if self._floor == float("-inf") else self._floor
+            value = min(min(self.routers.values()), now_ts)
+        if value > self._floor:
+            self._floor = value
+        return self._floor
