@@ -131,3 +131,12 @@ def test_arbitrary_json_yields_events_or_typed_errors(value) -> None:
     decoded = decode_message(json.dumps(value).encode())
     assert decoded.events or decoded.rejects
     assert all(isinstance(r, DecodeError) and r.reason for r in decoded.rejects)
+
+
+def test_unicode_digits_are_not_share_counts_and_keep_their_neighbours() -> None:
+    for digits in ("\u00b2", "\u0663"):  # superscript two, Arabic-Indic three: isdigit(), not ASCII
+        body = json.dumps([{"id": "n1", "#shares": 5, "client": "c", "stock": "s"},
+                           {"id": "n2", "#shares": digits, "client": "c", "stock": "s"}]).encode()
+        decoded = decode_message(body)
+        assert [e.id for e in decoded.events] == ["n1"]
+        assert [r.reason for r in decoded.rejects] == [f"#shares must be a positive integer, got {digits!r}"]

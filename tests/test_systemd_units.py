@@ -10,7 +10,6 @@ broken unit really is caught.
 from __future__ import annotations
 
 import configparser
-import importlib.util
 import shlex
 import shutil
 import subprocess
@@ -131,8 +130,6 @@ def test_exec_start_is_a_valid_aldebaran_command(name: str) -> None:
     assert argv[0] == INSTALLED_BIN
     instance = "9101" if name.startswith(("aldebaran-aggregator", "aldebaran-books")) else "ops-webhook"
     args = [a.replace("%i", instance) for a in argv[1:]]
-    if args[0] == "api" and importlib.util.find_spec("aldebaran.api.command") is None:
-        pytest.xfail("`aldebaran api` (aldebaran/api/command.py) is not written yet")
     parsed = build_parser().parse_args(args)
     assert parsed.command == args[0]
     if args[0] == "run" and name != "aldebaran-channel@.service":

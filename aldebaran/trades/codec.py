@@ -76,7 +76,8 @@ def _ident(value: Any, name: str) -> str:
 
 
 def _shares(value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
+    # ASCII digits only: "²" and "٣" are str.isdigit() too, and are not share counts.
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise DecodeError(f"#shares must be a positive integer, got {_show(value)}")
