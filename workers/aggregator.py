@@ -11,8 +11,11 @@ confirmed everything it produced, so killing an aggregator loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import time
 import zlib
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import aio_pika
@@ -26,6 +29,7 @@ from aldebaran.io import amqp
 from aldebaran.log import get_logger
 from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG
 from aldebaran.settings import Settings
+from aldebaran.trades.codec import DecodeError
 from declare.declarer import declare_async
 from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA, WORK_QUEUE, book_queue_arguments
 from workers.runtime import Lifecycle
@@ -34,6 +38,12 @@ log = get_logger("aggregator")
 INGEST_HEADER = "x-aldebaran-ingest-ms"
 DECLARE_CHANNELS = 8
 PUBLISHED_HEADER = "x-aldebaran-published-ms"
+ATTEMPTS_REMEMBERED = 10_000
+
+
+def _fingerprint(message: aio_pika.abc.AbstractIncomingMessage) -> str:
+    """Which message this is across redeliveries (publishers need not set a message id)."""
+    return hashlib.blake2b(message.body, digest_size=16).hexdigest()
 
 
 class WorkItem(msgspec.Struct, frozen=True):
@@ -65,6 +75,7 @@ class Aggregator:
         self._book_args = book_queue_arguments(settings)
         self._default: aio_pika.abc.AbstractExchange | None = None
         self._declare_channels: list[aio_pika.abc.AbstractChannel] = []
+        self._attempts: OrderedDict[str, int] = OrderedDict()  # failed tries per message (bounded)
 
     async def run(self, life: Lifecycle) -> None:
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
@@ -103,15 +114,47 @@ class Aggregator:
                 await asyncio.wait(list(inflight), timeout=self.settings.shutdown_grace_seconds)
 
     async def handle(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        """Route one trade message; ack after every output is confirmed, else requeue."""
+        """Route one trade message; ack after every output is confirmed, else requeue.
+
+        A message whose handling keeps failing while the connection is fine (a poison
+        message, e.g. an order id too long for a queue name) is retried with a growing
+        pause, at most `delivery_limit` times, then dead-lettered whole with the last
+        error as its reason: never a hot requeue loop, never silently dropped. (Quorum
+        queues also enforce `x-delivery-limit` broker-side; this counter comes first and
+        adds the reason header.)
+        """
         try:
             await asyncio.gather(*self._outputs(message))
-        except Exception as exc:  # noqa: BLE001 - a broker hiccup: let the message come back
-            log.warning("routing failed, requeueing", error=str(exc), delivery_tag=message.delivery_tag)
-            if not message.channel.is_closed:
-                await message.nack(requeue=True)
+        except Exception as exc:  # noqa: BLE001 - a broker hiccup or a poison message
+            if message.channel.is_closed:
+                return  # the connection went: the broker requeues it, nothing to count
+            await self._failed(message, exc)
             return
+        if self._attempts:
+            self._attempts.pop(_fingerprint(message), None)
         await message.ack()
+
+    async def _failed(self, message: aio_pika.abc.AbstractIncomingMessage, exc: Exception) -> None:
+        key = _fingerprint(message)
+        attempts = self._attempts.pop(key, 0) + 1
+        error = str(exc) or repr(exc)
+        if attempts >= self.settings.delivery_limit:
+            reason = f"handling failed {attempts} times: {error}"[:1000]
+            try:
+                await self._dead_letter(message, DecodeError(reason, message.body))
+                await message.ack()
+                return
+            except Exception as again:  # noqa: BLE001 - cannot even dead-letter: keep it queued
+                error = f"{error}; dead-lettering failed: {again}"
+        self._attempts[key] = attempts
+        while len(self._attempts) > ATTEMPTS_REMEMBERED:
+            self._attempts.popitem(last=False)
+        pause = min(2.0, 0.05 * 2 ** attempts)
+        log.warning("routing failed, requeueing", error=error, attempt=attempts,
+                    limit=self.settings.delivery_limit, retry_in_seconds=pause, delivery_tag=message.delivery_tag)
+        await asyncio.sleep(pause)
+        with contextlib.suppress(Exception):  # channel gone meanwhile: the broker requeues it
+            await message.nack(requeue=True)
 
     def _outputs(self, message: aio_pika.abc.AbstractIncomingMessage) -> list[Any]:
         decoded = self.codec.decode(message.body, message.content_type, self.settings.max_message_bytes)
@@ -124,10 +167,10 @@ class Aggregator:
             EVENTS_CONSUMED.labels(type=type(event).__name__).inc()
             for rule in self.rules:
                 if rule.accepts(event):
-                    outputs.append(self._route(rule, event, published_ms))
+                    outputs.append(self._route(rule, event, published_ms, message.redelivered))
         return outputs
 
-    async def _route(self, rule: Rule[Any], event: Any, published_ms: Any) -> None:
+    async def _route(self, rule: Rule[Any], event: Any, published_ms: Any, redelivered: bool = False) -> None:
         key = rule.key(event, time.time())  # the routing clock: a windowed key's time
         queue = f"{rule.queue_prefix}{key}"
         first = await self.cache.ensure(queue, self._declare_book)
@@ -140,7 +183,10 @@ class Aggregator:
         publishes = [self._default.publish(
             amqp.persistent(rule.codec.pack(event), headers=headers, content_type="application/msgpack"),
             routing_key=queue)]
-        if first or rule.opens(event):
+        # A redelivered message announces its book again: its first try may have declared
+        # the queue (now cached) and lost the work item with the connection, and an order
+        # seen only through purchases would then never get a book (nor its alert).
+        if first or redelivered or rule.opens(event):
             item = msgspec.json.encode(WorkItem(app=rule.name, key=key, queue=queue))
             publishes.append(self._default.publish(
                 amqp.persistent(item, content_type="application/json"), routing_key=WORK_QUEUE))

@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -18,7 +19,7 @@ from aldebaran import systemd
 from aldebaran.errors import AldebaranError, ExitCode
 from aldebaran.log import get_logger
 from aldebaran.metrics import serve as serve_metrics
-from aldebaran.settings import Settings
+from aldebaran.settings import Settings, mask_url
 
 log = get_logger("runtime")
 
@@ -110,7 +111,10 @@ def _exit_code(tasks: list[asyncio.Task], stopped_by_signal: bool) -> int:
             log.error("worker failed", worker=task.get_name(), error=str(exc))
             code = exc.exit_code
         else:
-            log.error("worker crashed", worker=task.get_name(), exc_info=exc)
+            # The traceback as text: the log's secret masking turns an `exc_info` object into
+            # its repr, and the traceback was lost (a crash could not be diagnosed).
+            log.error("worker crashed", worker=task.get_name(), error=mask_url(repr(exc)),
+                      traceback=mask_url("".join(traceback.format_exception(exc))))
             code = ExitCode.SOFTWARE
     log.info("stopped", exit_code=int(code))
     return int(code)

@@ -140,7 +140,9 @@ async def connect_any(settings: Settings, name: str, *, robust: bool = True, url
                     heartbeat=30,
                     ssl_context=tls_context(settings, candidate),
                 )
-        except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError) as exc:
+        # StopAsyncIteration: aiormq's handshake when the peer accepts and closes at once
+        # (a partition, a load balancer, a booting node); it crashed the worker (exit 70).
+        except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError, StopAsyncIteration) as exc:
             last = exc
             log.warning("broker unreachable", url=mask_url(candidate), error=mask_url(str(exc) or repr(exc)))
             continue

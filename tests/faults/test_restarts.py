@@ -1,0 +1,162 @@
+"""Broker and Redis restarts mid-stream, a network cut and a slow link.
+
+The broker is a private node on its own ports (never the machine's shared one); Redis
+is a private redis-server with AOF on. Publishers retry what was not confirmed,
+workers reconnect and declare their topology again; every sink must still get every
+expected alert exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
+from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fleet, PrivateRedis, RetryingPublisher, describe,
+                                in_background, pull_queue_deliveries, wait_for_sinks)
+from tests.support.checker import fault_stream
+from tests.support.private_rabbit import PrivateRabbit
+from tests.support.tcp_proxy import TcpProxy
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
+CMD = "FAULTS_SCALE=full .venv/bin/python -m pytest -m faults -q -s 'tests/faults/test_restarts.py::{}'"
+
+
+def _run(fleet: Fleet, stream, publisher_url: str, sinks: dict, at: dict) -> dict:
+    publisher = RetryingPublisher(publisher_url)
+    threads: list[threading.Thread] = []
+    marks = {p: (lambda action=action: threads.append(action())) for p, action in at.items()}
+    try:
+        publisher.publish_stream(stream.events, at=marks)
+        for thread in threads:
+            thread.join(timeout=300)
+        reports = wait_for_sinks(stream.expected, sinks, timeout=180 + len(stream.events) / 50)
+        alive = fleet.alive()
+    finally:
+        publisher.close()
+    assert all(code is None for code in alive.values()), (alive, fleet.all_logs()[-5000:])
+    return reports
+
+
+_background = in_background
+
+
+def test_rabbitmq_restart_mid_stream(fault_env, webhook, redis_prefix, tmp_path: Path, record) -> None:
+    node = PrivateRabbit(tmp_path / "rabbit").start()
+    try:
+        # The node is down ~10 s and workers back off up to ~15 s: the books must outlive that.
+        ttl = str(max(30.0, BOOK_TTL_SECONDS))
+        env = {**fault_env, "ALDEBARAN_AMQP_URL": node.url, "ALDEBARAN_BOOK_TTL_SECONDS": ttl}
+        stream = fault_stream(ORDERS, seed=21)
+        fleet = Fleet(env, tmp_path / "logs").start_all()
+        try:
+            reports = _run(fleet, stream, node.url, {
+                "webhook": webhook.deliveries,
+                "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)},
+                at={0.5: _background(node.restart)})
+        finally:
+            codes = fleet.stop_all()
+    finally:
+        node.cleanup()
+    print(f"\nRabbitMQ restart: {len(stream.events)} events\n{describe(reports.values())}")
+    record("RabbitMQ node restart (private node, stop + start)", 1, len(stream.events), reports,
+           CMD.format("test_rabbitmq_restart_mid_stream"))
+    assert all(r.ok for r in reports.values()), describe(reports.values())
+    assert all(code == 0 for code in codes.values()), codes
+
+
+def test_redis_restart_mid_stream(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, record) -> None:
+    server = PrivateRedis(tmp_path / "redis").start()
+    try:
+        env = {**fault_env, "ALDEBARAN_REDIS_URL": server.url}
+        stream = fault_stream(ORDERS, seed=22)
+        fleet = Fleet(env, tmp_path / "logs").start_all()
+        try:
+            reports = _run(fleet, stream, vhost.amqp_url, {
+                "webhook": webhook.deliveries,
+                "queue-api": lambda: pull_queue_deliveries(server.url, redis_prefix)},
+                at={0.5: _background(server.restart)})
+        finally:
+            codes = fleet.stop_all()
+    finally:
+        server.close()
+    print(f"\nRedis restart: {len(stream.events)} events\n{describe(reports.values())}")
+    record("Redis restart (private redis-server, AOF everysec, SHUTDOWN + 2 s down)", server.restarts,
+           len(stream.events), reports, CMD.format("test_redis_restart_mid_stream"))
+    assert server.restarts == 1
+    assert all(r.ok for r in reports.values()), describe(reports.values())
+    assert all(code == 0 for code in codes.values()), codes
+
+
+def _proxied(fault_env: dict, vhost, proxy: TcpProxy) -> dict:
+    url = vhost.amqp_url.replace("127.0.0.1:5672", f"127.0.0.1:{proxy.port}")
+    assert url != vhost.amqp_url
+    return {**fault_env, "ALDEBARAN_AMQP_URL": url}
+
+
+def test_network_cut_and_partition(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, record) -> None:
+    proxy = TcpProxy(5672).start()
+    try:
+        stream = fault_stream(ORDERS, seed=23)
+        fleet = Fleet(_proxied(fault_env, vhost, proxy), tmp_path / "logs").start_all()
+
+        def partition() -> None:
+            proxy.block()
+            time.sleep(3)
+            proxy.unblock()
+
+        def slow() -> None:
+            proxy.latency = 0.1
+
+        def fast() -> None:
+            proxy.latency = 0.0
+
+        try:
+            reports = _run(fleet, stream, vhost.amqp_url, {
+                "webhook": webhook.deliveries,
+                "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)},
+                at={0.1: _background(slow), 0.25: _background(fast), 0.4: _background(proxy.cut),
+                    0.7: _background(partition)})
+        finally:
+            codes = fleet.stop_all()
+    finally:
+        proxy.close()
+    print(f"\nnetwork cut + partition: {proxy.cuts} connections cut\n{describe(reports.values())}")
+    record("slow link (+100 ms, 10%-25%), then network cut (every worker connection reset) at 40%, "
+           "then 3 s partition at 70%", 3, len(stream.events), reports,
+           CMD.format("test_network_cut_and_partition"), connections_cut=proxy.cuts)
+    assert proxy.cuts >= 5  # every worker's connection went through the proxy and was cut
+    assert all(r.ok for r in reports.values()), describe(reports.values())
+    assert all(code == 0 for code in codes.values()), codes
+
+
+@pytest.mark.skipif(not FULL, reason="CI covers the slow link inside test_network_cut_and_partition")
+def test_slow_link(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, record) -> None:
+    proxy = TcpProxy(5672).start()
+    try:
+        stream = fault_stream(ORDERS, seed=24)
+        fleet = Fleet(_proxied(fault_env, vhost, proxy), tmp_path / "logs").start_all()
+
+        def slow() -> None:
+            proxy.latency = 0.1
+
+        def fast() -> None:
+            proxy.latency = 0.0
+
+        try:
+            reports = _run(fleet, stream, vhost.amqp_url, {
+                "webhook": webhook.deliveries,
+                "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)},
+                at={0.2: _background(slow), 0.8: _background(fast)})
+        finally:
+            codes = fleet.stop_all()
+    finally:
+        proxy.close()
+    print(f"\nslow link: {describe(reports.values())}")
+    record("slow link (+100 ms each way, 20%-80% of the stream)", 1, len(stream.events), reports,
+           CMD.format("test_slow_link"))
+    assert all(r.ok for r in reports.values()), describe(reports.values())
+    assert all(code == 0 for code in codes.values()), codes

@@ -1,0 +1,162 @@
+"""A throwaway RabbitMQ node on free ports, for tests that stop or restart the broker.
+
+The machine's shared broker (5672) is never touched: this node has its own node name,
+AMQP and distribution ports, its own epmd port, its own mnesia and log directories and
+its own Erlang cookie (a private HOME), all under a temp dir, bound to 127.0.0.1. It
+can be stopped and started again mid-test (durable queues and persistent messages
+survive, like a real broker restart) and is removed with its files at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+RABBIT_BIN = Path(os.environ.get("TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class PrivateRabbit:
+    """One private node: `start()`, `stop()`, `restart()`, `cleanup()`; `url` for clients."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root or tempfile.mkdtemp(prefix="aldebaran-rabbit-"))
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.name = f"aldtest{uuid.uuid4().hex[:8]}@localhost"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._prepare()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def _prepare(self) -> None:
+        home = self.root / "home"
+        for sub in ("home", "mnesia", "log"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        cookie = home / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(uuid.uuid4().hex.upper())
+            cookie.chmod(0o400)
+        (self.root / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+            "loopback_users = none\n"
+            "log.console = false\n"
+            "log.file.level = info\n"
+            "vm_memory_high_watermark.relative = 0.2\n"
+            "disk_free_limit.absolute = 50MB\n")
+        (self.root / "enabled_plugins").write_text("[].\n")
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+        env.update(
+            HOME=str(self.root / "home"),
+            RABBITMQ_NODENAME=self.name,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(self.root / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.root / "log"),
+            RABBITMQ_CONFIG_FILE=str(self.root / "rabbitmq.conf"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.root / "advanced.config"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.root / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(self.root / "rabbit.pid"),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            ERL_EPMD_PORT=str(self.epmd_port),
+        )
+        return env
+
+    def _ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(RABBIT_BIN / "rabbitmqctl"), "-n", self.name, *args], env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def start(self, timeout: float = 90) -> "PrivateRabbit":
+        (self.root / "advanced.config").write_text("[].\n")
+        log = open(self.root / "server.out", "ab")
+        self.process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(),
+                                        stdout=log, stderr=log, cwd=self.root, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"private RabbitMQ exited with {self.process.returncode}: {self.server_log()}")
+            if port_open(self.port):
+                # The listener opens near the end of boot; await_startup confirms the app runs.
+                if self._ctl("await_startup", timeout=max(5.0, deadline - time.monotonic())).returncode == 0:
+                    return self
+            time.sleep(0.3)
+        raise RuntimeError(f"private RabbitMQ not up after {timeout}s: {self.server_log()}")
+
+    def server_log(self) -> str:
+        out = (self.root / "server.out")
+        text = out.read_text(errors="replace")[-3000:] if out.exists() else ""
+        return text
+
+    def stop(self, timeout: float = 60) -> None:
+        """Stop the node cleanly (as `systemctl restart` would); data stays on disk."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            result = self._ctl("stop", timeout=timeout)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(timeout=30)
+            if result.returncode != 0 and self.process.returncode not in (0, None):
+                pass
+        self.process = None
+
+    def kill(self) -> None:
+        """Hard-kill the node (its whole process group: beam and its helpers)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, 9)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cleanup(self) -> None:
+        try:
+            self.stop()
+        finally:
+            # epmd was started by our node on our private port and outlives it; end that
+            # one (and only that one) through its own port.
+            subprocess.run(["epmd", "-port", str(self.epmd_port), "-kill"], capture_output=True, timeout=10,
+                           env={**os.environ, "ERL_EPMD_ADDRESS": "127.0.0.1"})
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def private_rabbit() -> Iterator[PrivateRabbit]:
+    node = PrivateRabbit()
+    try:
+        yield node.start()
+    finally:
+        node.cleanup()
