@@ -27,7 +27,7 @@ DOC_EXAMPLE = [
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="run the pipeline on the design document's example and a stream")
     parser.add_argument("--orders", type=int, default=2000, help="orders in the generated stream")
-    parser.add_argument("--book-ttl", type=float, default=5.0, help="book lifetime for the demo (seconds)")
+    parser.add_argument("--book-ttl", type=float, default=15.0, help="book lifetime for the demo (seconds)")
     parser.add_argument("--rows", type=int, default=12, help="alert rows to print")
     parser.set_defaults(handler=handle)
 

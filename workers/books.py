@@ -105,15 +105,20 @@ class BookConsumer:
 
         A book that started late (a busy manager, a takeover) may find its deadline
         passed while events stamped before it still sit in its queue: they count, so
-        the book reads until the queue is empty. The broker sends deliveries before the
-        reply to a passive declare on the same channel, so when the reply says "empty"
-        every earlier delivery is already in `pending` or done.
+        the book reads until the queue is empty. A delivery reaches `on_event` through
+        two task hops in aio-pika, so "empty and nothing pending" must hold twice, a
+        moment apart, before the book trusts it.
         """
         give_up = time.monotonic() + max(5.0, limit)
+        quiet = 0
         while time.monotonic() < give_up:
             declared = await self.channel.declare_queue(self.item.queue, passive=True)
             if not declared.declaration_result.message_count and not self.pending:
-                return
+                quiet += 1
+                if quiet >= 2:
+                    return
+            else:
+                quiet = 0
             await asyncio.sleep(0.05)
         self.log.warning("closing with events still queued (held events at book_prefetch?)")
 
