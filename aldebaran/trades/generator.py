@@ -64,7 +64,12 @@ def generate(orders: int, seed: int = 7, prefix: str = "o", duplicates: float = 
         if rng.random() >= orphans:
             events.append(PurchaseRequest(order_id, limit, client, stock))
         events += [Purchase(f"{order_id}-p{i}", order_id, s, client, stock) for i, s in enumerate(shares)]
-    # Local disorder: purchases may arrive before their request.
+    return disorder(events, rng, shuffle_window, duplicates)
+
+
+def disorder(events: list[TradeEvent], rng: random.Random, shuffle_window: int, duplicates: float) -> Stream:
+    """Shuffle within local windows (purchases may overtake their request) and re-send a
+    share of the events a little later, as redeliveries and publisher retries do."""
     for start in range(0, len(events), shuffle_window):
         window = events[start:start + shuffle_window]
         rng.shuffle(window)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
-from aldebaran.trades.generator import CLIENTS, STOCKS, Stream, expected_alerts
+from aldebaran.trades.generator import CLIENTS, STOCKS, Stream, disorder
 
 
 @dataclass
@@ -84,11 +84,4 @@ def fault_stream(orders: int, seed: int = 11, fills: tuple[int, int] = (4, 40), 
         if rng.random() >= orphans:
             events.append(PurchaseRequest(order_id, max(1, limit), client, stock))
         events += [Purchase(f"{order_id}-p{i}", order_id, s, client, stock) for i, s in enumerate(shares)]
-    for start in range(0, len(events), shuffle_window):
-        window = events[start:start + shuffle_window]
-        rng.shuffle(window)
-        events[start:start + shuffle_window] = window
-    repeats = [rng.randrange(len(events)) for _ in range(int(len(events) * duplicates))]
-    for index in sorted(repeats, reverse=True):
-        events.insert(min(len(events), index + rng.randint(1, 20)), events[index])
-    return Stream(events, expected_alerts(events))
+    return disorder(events, rng, shuffle_window, duplicates)
