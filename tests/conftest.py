@@ -9,6 +9,7 @@ import pytest
 
 from aldebaran.settings import Settings
 from tests.support import services
+from tests.support.pipeline import Broker, declare
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -57,3 +58,13 @@ def worker_env(vhost: services.Vhost, redis_prefix: str, tmp_path) -> dict[str, 
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+@pytest.fixture
+def broker(vhost: services.Vhost, worker_env: dict[str, str]) -> Iterator[Broker]:
+    """The test's vhost with the topology declared and an alert tap, as a publisher."""
+    declare(worker_env)
+    connection = Broker(vhost.amqp_url)
+    connection.tap_alerts()
+    yield connection
+    connection.close()

@@ -7,26 +7,16 @@ import re
 import signal
 import time
 
-import pytest
 
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
-from tests.support.pipeline import Broker, Pipeline, alert_counts, collect_alerts, declare, running
+from tests.support.pipeline import Pipeline, alert_counts, collect_alerts, running
 
 DOC = [
     b"id:1\n# shares: 100\nclient: Sendence\nstock: AAPL\n",
     b"id:2\ninitial order id: 1\n# shares: 90\nclient: Sendence\nstock: AAPL\n",
     b"id:3\ninitial order id: 1\n# shares: 30\nclient: Sendence\nstock: AAPL\n",
 ]
-
-
-@pytest.fixture
-def broker(vhost, worker_env):
-    declare(worker_env)
-    connection = Broker(vhost.amqp_url)
-    connection.tap_alerts()
-    yield connection
-    connection.close()
 
 
 def test_design_document_example_fires_once_after_purchase_3(broker, worker_env, tmp_path) -> None:

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-import pytest
 
 from aldebaran.trades.events import Purchase, PurchaseRequest
-from tests.support.pipeline import Broker, alert_counts, collect_alerts, declare, running
+from tests.support.pipeline import alert_counts, collect_alerts, running
 
 
 def utc_day() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
-
-
-@pytest.fixture
-def broker(vhost, worker_env):
-    declare(worker_env)
-    connection = Broker(vhost.amqp_url)
-    connection.tap_alerts()
-    yield connection
-    connection.close()
 
 
 def test_trade_limits_and_client_daily_limit_run_side_by_side(broker, worker_env, tmp_path) -> None:
