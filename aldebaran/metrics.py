@@ -31,5 +31,7 @@ def serve(port: int, host: str = "127.0.0.1") -> None:
 # Pressure (docs/backpressure.md)
 CONNECTIONS_BLOCKED = Gauge("aldebaran_connections_blocked", "Connections the broker has blocked (memory/disk alarm)")
 PUBLISH_NACKS = Counter("aldebaran_publish_nacks_total", "Publishes refused by the broker and retried", ["publisher"])
+UNROUTABLE = Counter("aldebaran_publish_unroutable_total",
+                     "Mandatory publishes returned by the broker (no queue to route to) and retried", ["publisher"])
 INGEST_LAG = Gauge("aldebaran_ingest_lag_seconds", "Age of the newest event consumed (time behind the publishers)", ["stage"])
 QUEUE_DEPTH = Gauge("aldebaran_queue_depth_messages", "Messages ready in a queue, sampled by its consumer", ["queue"])

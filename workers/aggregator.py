@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import aio_pika
 import aio_pika.abc
+import aio_pika.exceptions
 import msgspec
 
 from aldebaran.apps import load_rules
@@ -27,7 +28,7 @@ from aldebaran.core.queue_cache import QueueCache
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
 from aldebaran.log import get_logger
-from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG
+from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG, UNROUTABLE
 from aldebaran.settings import Settings
 from aldebaran.trades.codec import DecodeError
 from declare.declarer import declare_async
@@ -85,7 +86,9 @@ class Aggregator:
 
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
                        life: Lifecycle) -> None:
-        channel = await connection.channel(publisher_confirms=True)
+        # Returns raise: a book queue that vanished (expired, or unknown to the node this
+        # worker failed over to) must fail the publish, never confirm it into nowhere.
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await declare_async(channel, self.settings)
         await channel.set_qos(prefetch_count=self.settings.aggregator_prefetch)
         self._default = channel.default_exchange
@@ -190,7 +193,12 @@ class Aggregator:
             item = msgspec.json.encode(WorkItem(app=rule.name, key=key, queue=queue))
             publishes.append(self._default.publish(
                 amqp.persistent(item, content_type="application/json"), routing_key=WORK_QUEUE))
-        await asyncio.gather(*publishes)
+        try:
+            await asyncio.gather(*publishes)
+        except aio_pika.exceptions.PublishError:
+            UNROUTABLE.labels(publisher="aggregator").inc()
+            self.cache.forget(queue)  # the retry declares the queue again
+            raise
 
     async def _declare_book(self, queue: str) -> None:
         channel = self._declare_channels[zlib.crc32(queue.encode()) % len(self._declare_channels)]

@@ -237,7 +237,7 @@ class BookManager:
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
                        life: Lifecycle) -> None:
         self._stopping = ended
-        control = await connection.channel(publisher_confirms=True)
+        control = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await declare_async(control, self.settings)
         self._default = control.default_exchange
         alerts = await control.get_exchange(ALERT, ensure=False)

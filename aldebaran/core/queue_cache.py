@@ -34,6 +34,10 @@ class QueueCache:
         self._entries.move_to_end(name)
         return True
 
+    def forget(self, name: str) -> None:
+        """Drop `name`: a publish found it gone, so the next use declares it again."""
+        self._entries.pop(name, None)
+
     async def ensure(self, name: str, declare: Callable[[str], Awaitable[None]]) -> bool:
         """Declare `name` unless recently declared; True when this call declared it."""
         if self.fresh(name):

@@ -2,7 +2,9 @@
 
 A message the broker nacks (a full ingress with `overflow = reject-publish`) or that a
 flow-controlled connection could not confirm is retried with backoff, so a publisher
-is slowed down, never silently dropped. Counts of both are reported.
+is slowed down, never silently dropped. Counts of both are reported. Publishes are
+mandatory: a message no queue would take (the topology was never declared) comes back
+and is retried and reported, instead of being confirmed into nowhere.
 
 Cluster mode (several `amqp_urls`): when the publisher's node goes away mid-stream,
 every message not yet confirmed is published again on a connection to the next node
@@ -26,7 +28,7 @@ from aldebaran.errors import PublishRefused, UnavailableError
 from aldebaran.io import amqp
 from aldebaran.io.amqp import backoff_delay
 from aldebaran.log import get_logger
-from aldebaran.metrics import PUBLISH_NACKS
+from aldebaran.metrics import PUBLISH_NACKS, UNROUTABLE
 from aldebaran.settings import Settings, mask_url
 from declare.topology import TRADE_DATA
 
@@ -46,6 +48,7 @@ class PublishReport:
     messages: int = 0
     events: int = 0
     nacks: int = 0
+    unroutable: int = 0  # returned: no queue bound to the trade exchange
     resends: int = 0  # publishes repeated because their connection was lost unconfirmed
     failovers: int = 0  # connections replaced after a loss
     elapsed: float = 0.0
@@ -79,7 +82,7 @@ class _Link:
 
     async def open(self, start: int = 0) -> None:
         connection, self.index = await amqp.connect_any(self.settings, "publisher", robust=False, start=start)
-        channel = await connection.channel(publisher_confirms=True)
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         self.connection, self.exchange = connection, await channel.get_exchange(TRADE_DATA, ensure=False)
 
     @property
@@ -148,11 +151,17 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                             report.resends += 1
                             await link.replace(generation)
                             continue
-                        report.nacks += 1
-                        PUBLISH_NACKS.labels(publisher="trade").inc()
                         delay = backoff_delay(attempt, base=0.05, cap=2.0)
-                        log.warning("broker refused a message; retrying", reason=str(exc) or "timeout",
-                                    retry_in_seconds=round(delay, 3))
+                        if isinstance(exc, aio_pika.exceptions.PublishError):
+                            report.unroutable += 1
+                            UNROUTABLE.labels(publisher="trade").inc()
+                            log.warning("no queue is bound to the trade exchange (run `aldebaran declare`); "
+                                        "retrying", retry_in_seconds=round(delay, 3))
+                        else:
+                            report.nacks += 1
+                            PUBLISH_NACKS.labels(publisher="trade").inc()
+                            log.warning("broker refused a message; retrying", reason=str(exc) or "timeout",
+                                        retry_in_seconds=round(delay, 3))
                         await asyncio.sleep(delay)
                         if attempt >= 2 and len(settings.broker_urls) > 1:
                             # A node that keeps refusing may hold a stale view of a quorum
@@ -170,6 +179,10 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                                     error=str(exc) or type(exc).__name__)
                         await link.replace(generation)
                 else:
+                    if report.unroutable and not report.nacks:
+                        raise PublishRefused(
+                            f"the broker returned a message {max_retries} times: no queue is bound to "
+                            f"{TRADE_DATA}; run `aldebaran declare` and publish again")
                     raise PublishRefused(
                         f"the broker refused a message {max_retries} times (ingress full: "
                         "overflow = reject-publish, or flow control); nothing was lost — "
