@@ -24,6 +24,9 @@ DOC_EXAMPLE = [
 ]
 
 
+MODE_LABELS = {"per-order": "iteration-5 per-order mode", "sharded": "sharded mode"}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="run the pipeline on the design document's example and a stream")
     parser.add_argument("--orders", type=int, default=2000, help="orders in the generated stream")
@@ -95,7 +98,7 @@ async def _demo(settings: Settings, args: argparse.Namespace, run: str) -> int:
             life.stopping.set()
         await asyncio.wait(tasks, timeout=settings.shutdown_grace_seconds)
         await connection.close()
-    return _report(console, alerts, expected, report.events + len(DOC_EXAMPLE), elapsed, args.rows)
+    return _report(console, alerts, expected, report.events + len(DOC_EXAMPLE), elapsed, args.rows, settings.mode)
 
 
 async def _first(awaitable: Any, tasks: list[asyncio.Task[None]]) -> None:
@@ -109,7 +112,7 @@ async def _first(awaitable: Any, tasks: list[asyncio.Task[None]]) -> None:
 
 
 def _report(console: Any, alerts: dict[str, dict[str, Any]], expected: set[str], events: int,
-            elapsed: float, rows: int) -> int:
+            elapsed: float, rows: int, mode: str) -> int:
     from rich.table import Table
 
     table = Table(title="Alerts (the design document's order 1 first)")
@@ -129,7 +132,7 @@ def _report(console: Any, alerts: dict[str, dict[str, Any]], expected: set[str],
         f"[bold]{events:,} events, {len(alerts):,} alerts[/] ({kinds['over_purchase']:,} over_purchase, "
         f"{kinds['purchase_without_request']:,} purchase_without_request), "
         f"{events / elapsed if elapsed else 0:,.0f} events/s, {elapsed:.1f} s elapsed, "
-        f"{len(missing)} missing, {len(unexpected)} unexpected (iteration-5 per-order mode)")
+        f"{len(missing)} missing, {len(unexpected)} unexpected ({MODE_LABELS[mode]})")
     for label, ids in (("missing", missing), ("unexpected", unexpected)):
         if ids:
             console.print(f"[red]{label}:[/] {', '.join(sorted(ids)[:20])}")
