@@ -178,6 +178,12 @@ class Settings(BaseSettings):
     declare_cache_size: Annotated[int, Field(ge=1)] = 100_000
     batch_max_events: Annotated[int, Field(ge=1, le=100_000)] = 1000
     batch_linger_ms: Annotated[float, Field(ge=0, le=1000)] = 1.0
+    # Resident memory one Aldebaran process may use, in MiB: the figure the overload bench
+    # checks every worker against, the systemd units' MemoryHigh (MemoryMax a quarter above),
+    # and a worker logs a warning while it is above it. The shard book worker is the one
+    # that grows: open books plus a done marker per order for shard_done_retention_seconds
+    # (0.85 GiB after 2.7M orders in 20 min in the overload bench; docs/backpressure.md).
+    max_rss_mib: Annotated[int, Field(ge=64, le=1_048_576)] = 2048
 
     # Sharded mode (docs/sharding.md)
     router_prefetch: Annotated[int, Field(ge=1, le=65535)] = 32  # trade messages in flight per router

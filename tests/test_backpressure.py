@@ -88,3 +88,22 @@ def test_book_manager_at_its_open_book_limit_does_not_grow_and_fires_everything(
         broker.close()
     assert samples > 10 and 0 < peak <= limit
     assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected_alerts(events)}
+
+
+def test_a_worker_warns_once_while_its_memory_is_above_max_rss_mib() -> None:
+    from structlog.testing import capture_logs
+
+    from workers.runtime import _memory_watch, resident_mib
+
+    assert resident_mib() > 1
+
+    async def watch() -> None:
+        task = asyncio.create_task(_memory_watch(bound_mib=1, interval=0.01))
+        await asyncio.sleep(0.1)  # several checks, all above the bound
+        task.cancel()
+
+    with capture_logs() as logs:
+        asyncio.run(watch())
+    warnings = [e for e in logs if e["event"] == "resident memory above max_rss_mib"]
+    assert len(warnings) == 1, logs
+    assert warnings[0]["max_rss_mib"] == 1 and warnings[0]["rss_mib"] > 1

@@ -103,3 +103,12 @@ def test_passwords_are_masked_in_errors(monkeypatch: pytest.MonkeyPatch) -> None
         load_settings()
     assert "hunter2" not in str(info.value)
     assert mask_url("amqps://a:b@h:5671/v and redis://:pw@r:6379/0") == "amqps://a:***@h:5671/v and redis://:***@r:6379/0"
+
+
+def test_memory_bound_has_a_default_and_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().max_rss_mib == 2048
+    monkeypatch.setenv("ALDEBARAN_MAX_RSS_MIB", "512")
+    assert load_settings().max_rss_mib == 512
+    monkeypatch.setenv("ALDEBARAN_MAX_RSS_MIB", "10")
+    with pytest.raises(ConfigError, match="max_rss_mib"):
+        load_settings()

@@ -76,7 +76,8 @@ async def _supervise(settings: Settings, workers: list[Worker]) -> int:
         loop.add_signal_handler(signum, on_signal, signum)
 
     tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives)]
-    helpers = [asyncio.create_task(_announce_ready(workers, lives)), asyncio.create_task(_watchdog())]
+    helpers = [asyncio.create_task(_announce_ready(workers, lives)), asyncio.create_task(_watchdog()),
+               asyncio.create_task(_memory_watch(settings.max_rss_mib))]
     stopper = asyncio.create_task(stop_requested.wait())
     await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
 
@@ -132,4 +133,28 @@ async def _watchdog() -> None:
         return
     while True:
         systemd.notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
+
+
+def resident_mib() -> float:
+    """This process's resident memory now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+async def _memory_watch(bound_mib: int, interval: float = 5.0) -> None:
+    """Warn once each time resident memory crosses `max_rss_mib`, before systemd's MemoryMax
+    kills the worker: the log says which process grew, the unit only that it died."""
+    above = False
+    while True:
+        rss = resident_mib()
+        if not above and rss > bound_mib:
+            above = True
+            log.warning("resident memory above max_rss_mib", rss_mib=round(rss, 1), max_rss_mib=bound_mib)
+        elif above and rss <= bound_mib * 0.9:  # a margin, so hovering at the bound is one warning
+            above = False
+            log.info("resident memory back under max_rss_mib", rss_mib=round(rss, 1), max_rss_mib=bound_mib)
         await asyncio.sleep(interval)

@@ -4,6 +4,8 @@
 baseline, (c) the iteration-5 per-order mode, (d) the sharded mode at 1 and 2 worker
 processes, then (e) a fixed-rate latency run. Writes docs/benchmarks.md and
 docs/benchmarks.png with the command that produced them. Figures, never assertions.
+`--scenario overload` runs the overload scenario instead (aldebaran/bench/overload.py)
+and writes its own section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -15,8 +17,14 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from aldebaran.settings import Settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from aldebaran.bench.workload import Workload
 
 PHASES = ("raw", "naive", "per-order", "sharded-1", "sharded-2", "latency")
 
@@ -34,6 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ttl", type=float, default=10.0, help="book_ttl_seconds of the pipeline runs")
     parser.add_argument("--shards", type=int, help="shard queues (default: the settings' shards)")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--scenario", choices=("modes", "overload"), default="modes",
+                        help="modes: every mode side by side (the phases); overload: 2x capacity, then 0.5x "
+                             "until p99 recovers, in the sharded 2-process layout")
+    parser.add_argument("--capacity", type=float, default=0.0,
+                        help="overload: the pipeline's capacity in events/s (default: measure it first)")
+    parser.add_argument("--calibrate-seconds", type=float, default=15.0, help="overload: capacity measurement")
+    parser.add_argument("--surge-seconds", type=float, default=60.0, help="overload: time at 2x capacity")
+    parser.add_argument("--surge-factor", type=float, default=2.0)
+    parser.add_argument("--recovery-factor", type=float, default=0.5)
+    parser.add_argument("--recovery-timeout", type=float, default=300.0,
+                        help="overload: longest wait at the recovery load for p99 under 5 ms")
     parser.add_argument("--output", default="docs", help="directory of benchmarks.md / benchmarks.png")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.set_defaults(handler=handle)
@@ -52,6 +71,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         args.orders, args.seconds, args.naive_events = min(args.orders, 1500), min(args.seconds, 2.0), 1000
         args.per_order_events, args.latency_seconds, args.ttl = 500, min(args.latency_seconds, 2.0), 3.0
         args.latency_rate = min(args.latency_rate, 20_000)
+        args.calibrate_seconds, args.surge_seconds = min(args.calibrate_seconds, 3.0), min(args.surge_seconds, 3.0)
+        args.recovery_timeout = min(args.recovery_timeout, 15.0)
     updates: dict[str, object] = {}
     if args.shards:
         updates["shards"] = args.shards
@@ -65,16 +86,12 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     load = os.getloadavg()
     console.print(f"generating {args.orders:,} orders (batch {args.batch}); load {load[0]:.2f} {load[1]:.2f}")
     workload = build(args.orders, args.batch)
+    if args.scenario == "overload":
+        return _overload(args, settings, workload, console, load)
     results: list[ph.Result] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f} events"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
-        tasks: dict[str, int] = {}
-
-        def report(name: str, done: int, total: int | None) -> None:
-            if name not in tasks:
-                tasks[name] = progress.add_task(name, total=total)
-            progress.update(tasks[name], completed=done, total=total)
-
+        report = _reporter(progress)
         common = dict(ttl=args.ttl)
         for phase in wanted:
             if phase == "raw":
@@ -112,10 +129,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
                       if r.expected else "–")
     Console().print(table)
     end_load = os.getloadavg()
-    command = "aldebaran bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    context = (f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; "
-               f"load average before {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}, after "
-               f"{end_load[0]:.2f}/{end_load[1]:.2f}/{end_load[2]:.2f}; shards {settings.shards}, "
+    command = _command()
+    context = (f"{_when(load, end_load)}; shards {settings.shards}, "
                f"ingress batch {args.batch} events (msgpack), router batch ≤ {settings.batch_max_events} events "
                f"or {settings.batch_linger_ms} ms, book ttl {args.ttl} s.")
     if not args.no_write:
@@ -124,4 +139,57 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         write_markdown(out / "benchmarks.md", markdown(results, command, context))
         plot(results, out / "benchmarks.png")
         console.print(f"wrote {out / 'benchmarks.md'} and {out / 'benchmarks.png'}")
+    return 0
+
+
+def _reporter(progress: Any) -> Callable[[str, int, int | None], None]:
+    """One rich progress bar per named step of a phase."""
+    tasks: dict[str, Any] = {}
+
+    def report(name: str, done: int, total: int | None) -> None:
+        if name not in tasks:
+            tasks[name] = progress.add_task(name, total=total)
+        progress.update(tasks[name], completed=done, total=total)
+
+    return report
+
+
+def _command() -> str:
+    return "aldebaran bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+
+
+def _when(load: tuple[float, float, float], end_load: tuple[float, float, float]) -> str:
+    """When and how busy: the machine is shared, so the load average belongs next to every figure."""
+    return (f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; "
+            f"load average before {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}, after "
+            f"{end_load[0]:.2f}/{end_load[1]:.2f}/{end_load[2]:.2f}")
+
+
+def _overload(args: argparse.Namespace, settings: Settings, workload: Workload, console: Console,
+              load: tuple[float, float, float]) -> int:
+    """`--scenario overload`: run it, print the figures, write its own section of benchmarks.md."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from aldebaran.bench.overload import overload
+    from aldebaran.bench.report import overload_markdown, write_markdown
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        report = _reporter(progress)
+        result = asyncio.run(overload(
+            settings, workload, report, capacity=args.capacity, calibrate_seconds=args.calibrate_seconds,
+            surge_seconds=args.surge_seconds, surge_factor=args.surge_factor,
+            recovery_factor=args.recovery_factor, recovery_timeout=args.recovery_timeout, ttl=args.ttl))
+    context = (f"{_when(load, os.getloadavg())}. Sharded mode, `up --aggregators 1 --book-workers 1` (router "
+               f"and shard book worker in their own processes, lookout in `up`); shards {settings.shards}, ingress "
+               f"batch {args.batch} events (msgpack), book ttl {args.ttl} s, max_rss_mib {settings.max_rss_mib}.")
+    block = overload_markdown(result, _command(), context)
+    Console().print(Markdown(block))
+    if not args.no_write:
+        out = Path(args.output)
+        out.mkdir(parents=True, exist_ok=True)
+        write_markdown(out / "benchmarks.md", block)
+        console.print(f"wrote the overload section of {out / 'benchmarks.md'}")
     return 0

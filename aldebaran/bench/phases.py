@@ -15,9 +15,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 import aiormq
 import httpx
@@ -310,85 +311,108 @@ async def pipeline(base: Settings, workload: Workload, progress: Progress, *, na
         await _declare(settings)
         received: Counter[str] = Counter()
         tap = await _tap(place.amqp_url, received)
-        ports_base = free_ports(1 + aggregators + book_workers)
-        ports = list(range(ports_base, ports_base + 1 + aggregators + book_workers))
-        env = place.env(ALDEBARAN_MODE=mode, ALDEBARAN_BOOK_TTL_SECONDS=str(ttl),
-                        ALDEBARAN_SHARDS=str(base.shards), ALDEBARAN_LOG_LEVEL="warning",
-                        ALDEBARAN_LATENCY_SAMPLES_DIR=samples_dir,
-                        ALDEBARAN_BATCH_MAX_EVENTS=str(base.batch_max_events),
-                        ALDEBARAN_BATCH_LINGER_MS=str(base.batch_linger_ms))
-        log_path = (log_dir or Path(samples_dir)) / f"up-{place.vhost}.log"
-        args = [sys.executable, "-m", "aldebaran.cli", "up", "--no-tracer", "--metrics-port", str(ports[0])]
-        if aggregators:
-            args += ["--aggregators", str(aggregators)]
-        if book_workers:
-            args += ["--book-workers", str(book_workers)]
-        notify_path = os.path.join(samples_dir, "notify")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(notify_path)
-        sock.setblocking(False)
-        env["NOTIFY_SOCKET"] = notify_path
-        with open(log_path, "wb") as log:
-            process = await asyncio.create_subprocess_exec(*args, env=env, stdout=log, stderr=log)
         try:
-            await _wait_ready(process, sock, log_path)
-            meter = CpuMeter()
-            meter.start([process.pid])
-            started = time.perf_counter()
-            watcher = asyncio.ensure_future(_wait_processed(ports, progress, name))
-            if max_events and not seconds:
-                bodies, expected, count = prefix(workload, max_events)
-                report = await publish_bodies(settings, bodies, rate=rate)
-                events = report.events
-            else:
-                events, expected = await _publish_rounds(settings, workload, seconds, rate, progress,
-                                                         name + " (publish)", max_events, ports=ports)
-            watcher.cancel()
-            finished = await _wait_processed(ports, progress, name, total=events, timeout=900)
-            result.cpu = meter.stop()
-            result.events = events
-            result.seconds = finished - started
-            # Alerts may trail the events (closing waits for the ttl; the outbox has its own
-            # pace): wait while they keep coming, so "missing" means missing, not slow.
-            deadline = time.monotonic() + ttl + ALERT_WAIT_SECONDS
-            last_count, last_change = -1, time.monotonic()
-            while time.monotonic() < deadline and not expected <= set(received):
-                if sum(received.values()) != last_count:
-                    last_count, last_change = sum(received.values()), time.monotonic()
-                elif time.monotonic() - last_change > ttl + 15:
-                    break
-                progress(name + " (alerts)", len(set(received)), len(expected))
-                await asyncio.sleep(0.25)
-            result.note = f"alerts complete {time.perf_counter() - started:.1f} s after the first publish"
-            await asyncio.sleep(1.5)  # repeats, if any, show up too
-            metrics = scrape(ports)
-            result.check(expected, received)
-            for stage in ("ingress", "shard", "book"):
-                count = _total(metrics, "aldebaran_batch_events_count", stage=stage)
-                if count:
-                    result.batch[stage] = _total(metrics, "aldebaran_batch_events_sum", stage=stage) / count
-            if mode == "per-order":
-                result.batch["book"] = 1.0
-                for stage in ("book", "alert"):
-                    buckets = [(float(dict(k)["le"]), v) for k, v in
-                               metrics.get("aldebaran_processing_latency_seconds_bucket", {}).items()
-                               if dict(k).get("stage") == stage]
-                    result.latency[stage] = histogram_percentiles(buckets)
-                result.latency_source = "Prometheus histogram (bucket upper bounds)"
+            async with running_up(place, samples_dir, mode=mode, ttl=ttl, aggregators=aggregators,
+                                  book_workers=book_workers, log_dir=log_dir) as (process, ports):
+                meter = CpuMeter()
+                meter.start([process.pid])
+                started = time.perf_counter()
+                watcher = asyncio.ensure_future(_wait_processed(ports, progress, name))
+                if max_events and not seconds:
+                    bodies, expected, count = prefix(workload, max_events)
+                    report = await publish_bodies(settings, bodies, rate=rate)
+                    events = report.events
+                else:
+                    events, expected = await _publish_rounds(settings, workload, seconds, rate, progress,
+                                                             name + " (publish)", max_events, ports=ports)
+                watcher.cancel()
+                finished = await _wait_processed(ports, progress, name, total=events, timeout=900)
+                result.cpu = meter.stop()
+                result.events = events
+                result.seconds = finished - started
+                await wait_alerts(received, expected, ttl, progress, name)
+                result.note = f"alerts complete {time.perf_counter() - started:.1f} s after the first publish"
+                metrics = scrape(ports)
+                result.check(expected, received)
+                for stage in ("ingress", "shard", "book"):
+                    count = _total(metrics, "aldebaran_batch_events_count", stage=stage)
+                    if count:
+                        result.batch[stage] = _total(metrics, "aldebaran_batch_events_sum", stage=stage) / count
+                if mode == "per-order":
+                    result.batch["book"] = 1.0
+                    for stage in ("book", "alert"):
+                        buckets = [(float(dict(k)["le"]), v) for k, v in
+                                   metrics.get("aldebaran_processing_latency_seconds_bucket", {}).items()
+                                   if dict(k).get("stage") == stage]
+                        result.latency[stage] = histogram_percentiles(buckets)
+                    result.latency_source = "Prometheus histogram (bucket upper bounds)"
         finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(process.wait(), timeout=40)
-                except asyncio.TimeoutError:
-                    process.kill()
             await tap.close()
-            sock.close()
         if mode == "sharded":
             samples = read_samples(samples_dir)
             result.latency = {stage: percentiles(values) for stage, values in samples.items()}
             result.latency_source = "worker samples (published header -> book / alert confirmed)"
     return result
+
+
+async def wait_alerts(received: Counter[str], expected: set[str], ttl: float, progress: Progress,
+                      name: str) -> None:
+    """Wait while alerts keep coming, so "missing" means missing, not slow.
+
+    Alerts trail the events (closing waits for the ttl; the outbox has its own pace).
+    """
+    deadline = time.monotonic() + ttl + ALERT_WAIT_SECONDS
+    last_count, last_change = -1, time.monotonic()
+    while time.monotonic() < deadline and not expected <= set(received):
+        if sum(received.values()) != last_count:
+            last_count, last_change = sum(received.values()), time.monotonic()
+        elif time.monotonic() - last_change > ttl + 15:
+            break
+        progress(name + " (alerts)", len(set(received)), len(expected))
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(1.5)  # repeats, if any, show up too
+
+
+@asynccontextmanager
+async def running_up(place: Place, samples_dir: str, *, mode: str, ttl: float, aggregators: int = 0,
+                     book_workers: int = 0, log_dir: Path | None = None,
+                     **env: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, list[int]]]:
+    """`aldebaran up` on `place`, ready (READY=1), with one metrics port per process; stopped on exit.
+
+    Extra `env` (`ALDEBARAN_*`) goes to every worker process.
+    """
+    base = place.base
+    ports_base = free_ports(1 + aggregators + book_workers)
+    ports = list(range(ports_base, ports_base + 1 + aggregators + book_workers))
+    full_env = place.env(ALDEBARAN_MODE=mode, ALDEBARAN_BOOK_TTL_SECONDS=str(ttl),
+                         ALDEBARAN_SHARDS=str(base.shards), ALDEBARAN_LOG_LEVEL="warning",
+                         ALDEBARAN_LATENCY_SAMPLES_DIR=samples_dir,
+                         ALDEBARAN_BATCH_MAX_EVENTS=str(base.batch_max_events),
+                         ALDEBARAN_BATCH_LINGER_MS=str(base.batch_linger_ms), **env)
+    log_path = (log_dir or Path(samples_dir)) / f"up-{place.vhost}.log"
+    args = [sys.executable, "-m", "aldebaran.cli", "up", "--no-tracer", "--metrics-port", str(ports[0])]
+    if aggregators:
+        args += ["--aggregators", str(aggregators)]
+    if book_workers:
+        args += ["--book-workers", str(book_workers)]
+    notify_path = os.path.join(samples_dir, "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(notify_path)
+    sock.setblocking(False)
+    full_env["NOTIFY_SOCKET"] = notify_path
+    with open(log_path, "wb") as log:
+        process = await asyncio.create_subprocess_exec(*args, env=full_env, stdout=log, stderr=log)
+    try:
+        await _wait_ready(process, sock, log_path)
+        yield process, ports
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=40)
+            except asyncio.TimeoutError:
+                process.kill()
+        sock.close()
 
 
 async def _wait_ready(process: asyncio.subprocess.Process, sock: socket.socket, log_path: Path,

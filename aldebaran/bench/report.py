@@ -9,10 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from aldebaran.bench.overload import P99_TARGET_MS, RECOVERED_BUCKETS, Overload
 from aldebaran.bench.phases import Result
 
 BEGIN = "<!-- bench:begin (written by `aldebaran bench`) -->"
 END = "<!-- bench:end -->"
+OVERLOAD_BEGIN = "<!-- overload:begin (written by `aldebaran bench --scenario overload`) -->"
+OVERLOAD_END = "<!-- overload:end -->"
+TIMELINE_STEP = 30.0  # seconds between the p99 figures of the overload section's timeline
 
 
 def _lat(result: Result, stage: str) -> str:
@@ -25,8 +29,7 @@ def _lat(result: Result, stage: str) -> str:
 
 
 def _cpu(result: Result) -> str:
-    return ", ".join(f"{name} {cores:.2f}" for name, cores in sorted(result.cpu.items(), key=lambda kv: -kv[1])
-                     if cores >= 0.01)
+    return _cpu_text(result.cpu)
 
 
 def _alerts(result: Result) -> str:
@@ -53,14 +56,82 @@ def markdown(results: Sequence[Result], command: str, context: str) -> str:
 
 
 def write_markdown(path: Path, block: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n" + BEGIN + "\n" + END + "\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+    """Replace only the section `block` belongs to (found by its begin marker); every other
+    section, and the hand-written text around them, stays: a full run keeps the overload
+    section and an overload run keeps the full table."""
+    begin, end = (OVERLOAD_BEGIN, OVERLOAD_END) if block.startswith(OVERLOAD_BEGIN) else (BEGIN, END)
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
         text = head + block + tail
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def _seconds(value: float | None, waited: float) -> str:
+    return f"{value:.1f} s" if value is not None else f"not within {waited:.0f} s"
+
+
+def _p(values: dict[str, float]) -> str:
+    return " / ".join(f"{values[k]:,.1f}" for k in ("p50", "p99", "max")) if values else "–"
+
+
+def overload_markdown(o: Overload, command: str, context: str) -> str:
+    """The overload section: the issue's figures, each next to the bound it must respect."""
+    ok = {True: "ok", False: "**NO**"}
+    lines = [OVERLOAD_BEGIN, "", f"Command: `{command}`", "", context, "",
+             "| figure | value | bound / target | within |", "|---|---:|---|---|",
+             f"| capacity | {o.capacity:,.0f} events/s | {o.capacity_source} | – |",
+             f"| surge | {o.capacity * o.surge_factor:,.0f} events/s asked, {o.surge_offered:,.0f} confirmed, "
+             f"for {o.surge_seconds:g} s | {o.surge_factor:g} × capacity | – |",
+             f"| recovery load | {o.capacity * o.recovery_factor:,.0f} events/s for {o.recovery_seconds:.0f} s "
+             f"| {o.recovery_factor:g} × capacity, until p99 recovered or {o.recovery_timeout:g} s | – |",
+             f"| events published / in a book | {o.published:,} / {o.processed:,} (late: {o.late:,}) | – | – |",
+             f"| events lost | {o.lost:,} | 0 | {ok[o.lost == 0]} |",
+             f"| alerts wrong | {o.alerts.wrong:,} | 0 | {ok[o.alerts.wrong == 0]} |",
+             f"| alerts | {o.alerts.correct:,}/{o.alerts.expected:,} ok, {o.alerts.missing:,} missing, "
+             f"{o.alerts.duplicates:,} dup | – | {ok[o.alerts.missing == 0 and o.alerts.duplicates == 0]} |",
+             f"| backlog peak | {o.backlog_peak:,} events not yet in a book ({o.backlog_peak_messages:,} messages "
+             f"queued, shard heartbeats included), {o.backlog_peak_at:.0f} s after the surge began "
+             f"| ingress_max_length {o.ingress_max_length or 'unbounded'} | – |",
+             f"| backlog drained (≤ 1 s of work) | {_seconds(o.drained_after, o.recovery_seconds)} after the surge "
+             f"ended, at the recovery load | ≈ 2 × surge seconds | – |",
+             f"| last event in its book | {_seconds(o.all_in_after, o.recovery_seconds)} after the surge ended "
+             f"(publishing stopped at {o.recovery_seconds:.0f} s) | – | – |",
+             f"| p99 → book back under {P99_TARGET_MS:g} ms | {_seconds(o.recovered_after, o.recovery_seconds)} "
+             f"after the surge ended | {RECOVERED_BUCKETS} consecutive 1-s buckets under {P99_TARGET_MS:g} ms "
+             f"| {ok[o.recovered_after is not None]} |",
+             f"| latency → book p50 / p99 / max, during the surge | {_p(o.p99_surge)} ms | – | – |",
+             f"| latency → book p50 / p99 / max, {'once recovered' if o.recovered_after is not None else 'last 10 s'} "
+             f"| {_p(o.p99_after)} ms | {P99_TARGET_MS:g} ms p99 | – |",
+             f"| publisher refused (nacks) / connection.blocked episodes | {o.nacks:,} / {o.blocked:,} "
+             f"| retried with backoff | – |",
+             "", "| process | peak RSS MiB | bound MiB | within |", "|---|---:|---:|---|"]
+    for name, peak in sorted(o.rss_mib.items()):
+        lines.append(f"| {name} | {peak:,.1f} | {o.bound_mib:,} | {ok[peak < o.bound_mib]} |")
+    for name, (peak, limit) in sorted(o.services_mib.items()):
+        bound = f"{limit:,.0f}" if limit else "none set"
+        lines.append(f"| {name} (shared service, whole node) | {peak:,.1f} | {bound} | "
+                     f"{ok[not limit or peak < limit]} |")
+    every, mark = [], 0.0
+    for t, p99 in o.p99_timeline:
+        if t >= mark:
+            every.append(f"+{t:.0f} s {p99:,.1f}")
+            mark = (t // TIMELINE_STEP + 1) * TIMELINE_STEP
+    lines += ["", "CPU (cores, surge + recovery): " + (_cpu_text(o.cpu) or "–") + ".", "",
+              f"p99 → book (ms) of 1-s buckets after the surge ended, one per {TIMELINE_STEP:.0f} s: "
+              + ("; ".join(every) or "–") + "."]
+    if o.note:
+        lines += ["", "Note: " + o.note + "."]
+    lines += ["", OVERLOAD_END]
+    return "\n".join(lines)
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{name} {cores:.2f}" for name, cores in sorted(cpu.items(), key=lambda kv: -kv[1])
+                     if cores >= 0.01)
 
 
 def plot(results: Sequence[Result], path: Path) -> None:

@@ -51,3 +51,27 @@ def read_samples(directory: str | Path) -> dict[str, list[tuple[float, float]]]:
         for stage, latency, weight in _RECORD.iter_unpack(data[:usable]):
             result[STAGES[stage]].append((latency, weight))
     return result
+
+
+class SampleTail:
+    """Reads the samples workers appended since the last call, so a running bench can see
+    latency over time (each worker flushes once a second: a sample's time is when it was read)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self._directory = Path(directory)
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self, stage: str = "book") -> list[tuple[float, float]]:
+        """(latency_ms, weight) of `stage` appended since the previous call."""
+        wanted = STAGES.index(stage)
+        found: list[tuple[float, float]] = []
+        for path in self._directory.glob("*.lat"):
+            start = self._offsets.get(path, 0)
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read()
+            usable = len(data) - len(data) % _RECORD.size
+            self._offsets[path] = start + usable
+            found += [(latency, weight) for kind, latency, weight in _RECORD.iter_unpack(data[:usable])
+                      if kind == wanted]
+        return found

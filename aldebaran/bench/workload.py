@@ -35,15 +35,25 @@ class Workload:
         """The base bodies with every id relabelled for round `round_index` (0 = as generated)."""
         if round_index == 0:
             return self.bodies
-        letter = LETTERS[round_index - 1].encode()
-        return [Body(_ID.sub(rb"\1" + letter, body.data), body.events, body.content_type)
-                for body in self.bodies]
+        return [self.round_body(round_index, i) for i in range(len(self.bodies))]
 
-    def round_expected(self, round_index: int) -> set[str]:
+    def round_body(self, round_index: int, index: int) -> Body:
+        """One body of round `round_index`: relabelling body by body keeps a paced publisher smooth."""
+        body = self.bodies[index]
         if round_index == 0:
-            return set(self.expected)
+            return body
+        letter = LETTERS[round_index - 1].encode()
+        return Body(_ID.sub(rb"\1" + letter, body.data), body.events, body.content_type)
+
+    def round_expected(self, round_index: int, bodies: int | None = None) -> set[str]:
+        """The alerts of round `round_index`, or of only its first `bodies` bodies (a cut round)."""
+        expected = self.expected
+        if bodies is not None and bodies < len(self.bodies):
+            expected = expected_alerts(self.events[:sum(b.events for b in self.bodies[:bodies])])
+        if round_index == 0:
+            return set(expected)
         letter = LETTERS[round_index - 1]
-        return {alert.replace(":o", f":{letter}", 1) for alert in self.expected}
+        return {alert.replace(":o", f":{letter}", 1) for alert in expected}
 
     @property
     def max_rounds(self) -> int:
