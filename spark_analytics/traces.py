@@ -57,8 +57,14 @@ def read_traces(spark: SparkSession, root: str, since_ms: int | None = None,
     paths = [p for p in hour_paths(root, since_ms, until_ms) if any(Path(p).glob("*.jsonl.gz"))]
     if not paths:
         return spark.createDataFrame([], TRACE_SCHEMA)
-    df = spark.read.schema(TRACE_SCHEMA).option("mode", "PERMISSIVE").json(
-        [f"{p}/*.jsonl.gz" for p in paths])
+    # A recorder killed in the middle of a write leaves a torn last gzip member. Its records
+    # were never acked (the recorder acks after fsync), so the broker re-delivers them to the
+    # next recorder; a torn tail must not fail the whole job ("FAILED_READ_FILE"), and the
+    # members before it must still be read: ignoreCorruptFiles keeps every row read before
+    # the error and skips only the rest of that one file. (A restarted recorder truncates
+    # torn tails of its dead predecessors' files: workers/tracer.py, repair_torn_parts.)
+    df = (spark.read.schema(TRACE_SCHEMA).option("mode", "PERMISSIVE").option("ignoreCorruptFiles", "true")
+          .json([f"{p}/*.jsonl.gz" for p in paths]))
     lo = F.lit(since_ms if since_ms is not None else -(2**62))
     hi = F.lit(until_ms if until_ms is not None else 2**62)
     is_gap = F.col("kind") == "gap"
@@ -80,5 +86,8 @@ def drop_rerecorded(df: DataFrame) -> DataFrame:
         parts = [F.coalesce(F.col(c).cast("string"), F.lit("\u0000")) for c in fingerprint]
         return frame.withColumn("_fp", F.sha2(F.concat_ws("\u0001", *parts), 256))
     seen = fp(fresh).select("_fp").distinct()
-    again = fp(again).join(seen, on="_fp", how="left_anti").drop("_fp")
+    # One copy per fingerprint among the re-recorded ones too: a trace message can come back
+    # to more than one recorder (the successor killed again before its ack), and when the
+    # first recorder never wrote it there is no fresh copy to drop them against.
+    again = fp(again).join(seen, on="_fp", how="left_anti").dropDuplicates(["_fp"]).drop("_fp")
     return df.where(~F.col("kind").isin("publish", "deliver")).unionByName(fresh).unionByName(again)

@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import time
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -127,6 +128,88 @@ class PartWriter:
         return path
 
 
+def complete_length(path: Path, chunk: int = 1 << 20) -> int:
+    """How many leading bytes of a part file are whole gzip members.
+
+    A recorder killed in the middle of `write` leaves a torn last member (the kernel
+    stops a large write at a page boundary on SIGKILL); everything after the last whole
+    member is that tail. Streams the file one chunk at a time (nothing inflated is kept).
+    """
+    good = 0      # end offset of the last whole member
+    offset = 0    # offset of the first byte of `pending`
+    inflater = zlib.decompressobj(wbits=31)
+    pending = b""
+    with open(path, "rb") as fh:
+        while True:
+            if not pending:
+                pending = fh.read(chunk)
+                if not pending:
+                    return good
+            try:
+                inflater.decompress(pending)
+            except zlib.error:
+                return good
+            if inflater.eof:
+                offset += len(pending) - len(inflater.unused_data)
+                good = offset
+                pending = inflater.unused_data
+                inflater = zlib.decompressobj(wbits=31)
+            else:
+                offset += len(pending)
+                pending = b""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def repair_torn_parts(root: Path, hostname: str, own_pid: int, since_s: float) -> list[tuple[Path, int, int]]:
+    """Truncate the torn tail of part files left by dead recorders of this host.
+
+    Only files named for a recorder of `hostname` whose process is gone (or is this very
+    pid, reused: a container's PID 1) and modified since `since_s` are touched: a live
+    recorder, here or on another host, may be in the middle of a write. The torn records
+    were never acked (acks follow the fsync), so the broker delivers them again and this
+    recorder writes them anew; the torn bytes are kept under `_state/torn/` for forensics.
+    Without this, the next gzip member appended to such a file (the same recorder name
+    after a PID reuse) would be unreadable, and so would every reader's view of the file.
+    Returns (path, bytes kept, bytes cut) per repaired file.
+    """
+    repaired = []
+    for path in sorted(root.glob("date=*/hour=*/part-*.jsonl.gz")):
+        stem = path.name[len("part-"):-len(".jsonl.gz")]
+        recorder, _, _counter = stem.rpartition("-")
+        host, _, pid_text = recorder.rpartition("-")
+        if host != hostname or not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        if stat.st_mtime < since_s or (pid != own_pid and _pid_alive(pid)):
+            continue
+        good = complete_length(path)
+        if good >= stat.st_size:
+            continue
+        torn_dir = root / STATE_DIR / "torn"
+        torn_dir.mkdir(parents=True, exist_ok=True)
+        with open(path, "r+b") as fh:
+            fh.seek(good)
+            (torn_dir / f"{path.parent.parent.name}-{path.parent.name}-{path.name}.{good}").write_bytes(fh.read())
+            fh.truncate(good)
+            fh.flush()
+            os.fsync(fh.fileno())
+        repaired.append((path, good, stat.st_size - good))
+    return repaired
+
+
 class Firehose:
     """Turns the firehose on for one vhost: management API first, `rabbitmqctl` as fallback.
 
@@ -222,6 +305,19 @@ class Tracer:
         tmp.write_text(json.dumps({"last_heartbeat": ts, "recorder": self.recorder}))
         tmp.replace(self._state_file)
 
+    def _repair(self, last: int | None) -> None:
+        """Cut torn tails a killed predecessor left: its last write happened after its last
+        saved heartbeat (a write comes before the heartbeat it carries is saved)."""
+        since_s = (last / 1000 if last is not None else time.time() - 3600) - 5
+        try:
+            repaired = repair_torn_parts(self.root, socket.gethostname(), os.getpid(), since_s)
+        except OSError as exc:
+            log.warning("cannot check part files for torn tails", error=str(exc))
+            return
+        for path, kept, cut in repaired:
+            log.warning("torn tail truncated (a recorder died mid-write; its unacked records come back)",
+                        path=str(path), kept_bytes=kept, cut_bytes=cut)
+
     def _gap(self, start: int, end: int, reason: str) -> None:
         if end > start:
             log.warning("unrecorded window", start=start, end=end, reason=reason)
@@ -231,6 +327,7 @@ class Tracer:
     async def run(self, life: Lifecycle) -> None:
         started = now_ms()
         last = self._last_heartbeat()
+        await asyncio.to_thread(self._repair, last)
         connection = await connect(self.settings, "tracer")
         try:
             channel = await connection.channel()
@@ -286,6 +383,10 @@ class Tracer:
             if self._catching_up == 0 and self._gap_start is not None:
                 self._gap(self._gap_start, now_ms(), "backlog drained after restart")
                 self._gap_start = None
+                # Saved with the gap: a recorder killed before its next regular heartbeat
+                # hands its successor this moment, not the start of the closed outage.
+                self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
+                                    "recorder": self.recorder, "event": "caught up"})
             await self.flush()
 
     async def _ensure_on(self) -> bool:
@@ -308,12 +409,12 @@ class Tracer:
     async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         record = trace_record(message.routing_key or "", dict(message.headers or {}), message.body,
                               now_ms(), self.recorder, bool(message.redelivered))
+        if self._catching_up:
+            self._catching_up -= 1  # every message counted in the backlog, kept or not
         if record["kind"] == "publish" and not record["exchange"]:
             await message.ack()  # default-exchange publishes are not part of the audit
             return
         self._pending.append((record, message))
-        if self._catching_up:
-            self._catching_up -= 1
         if len(self._pending) >= self.batch_max:
             await self.flush()
 
@@ -327,7 +428,12 @@ class Tracer:
             records = [r for r, _ in pending] + extra
             await asyncio.to_thread(self.writer.write, records)
             beats = [r["ts"] for r in extra if r["kind"] == "heartbeat"]
-            if beats:
+            # The saved heartbeat is where the next recorder's gap starts. While an outage is
+            # still unmarked (backlog not drained yet), it must stay where the outage began:
+            # a recorder killed again before writing its gap would otherwise hand its
+            # successor a heartbeat from after the first outage, and that window would be
+            # left unmarked (found by tests/faults/test_kill.py[tracer]).
+            if beats and self._gap_start is None:
                 self._save_heartbeat(max(beats))
             if pending:
                 last = pending[-1][1]

@@ -25,6 +25,20 @@ def render(lines: list[str]) -> str:
         commands.append(f"- {row['fault']}: `{row['command']}`")
     fuzz = [row for row in rows if row.get("fuzz")]
     text = "\n".join(out) + "\n\nReproduce one row:\n\n" + "\n".join(commands) + "\n"
+    audited = [row for row in rows if row.get("audit")]
+    if audited:
+        text += ("\nThe PySpark audit on the traces of the runs with the recorder on:\n\n"
+                 "| fault | trace records | verdict | unaudited windows | alerts expected (audit) | judged ok | "
+                 "missed | duplicate | spurious | channel missed | channel duplicate | channel spurious |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for row in audited:
+            a = row["audit"]
+            windows = a.get("unaudited_windows") or []
+            spans = ", ".join(f"{w['seconds']} s ({w['reason']})" for w in windows) or "none"
+            text += (f"| {row['fault']} | {row.get('trace_records', '')} | {a['verdict']} | {len(windows)}: {spans} | "
+                     f"{a.get('expected_alerts')} | {a.get('verdict_ok', 0)} | {a.get('missed')} | "
+                     f"{a.get('duplicate')} | {a.get('spurious')} | {a.get('channel_missed')} | "
+                     f"{a.get('channel_duplicate')} | {a.get('channel_spurious')} |\n")
     for row in fuzz:
         text += (f"\nFuzzing: {row['examples']} examples -> {row['messages']} messages; categories "
                  f"{json.dumps(row['categories'])}; rejects expected {row['expected_rejects']}, dead-lettered "
