@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import msgspec
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import assume, given, settings as hsettings, strategies as st
 
 from aldebaran.trades.codec import (
     MSGPACK,
@@ -140,3 +140,63 @@ def test_unicode_digits_are_not_share_counts_and_keep_their_neighbours() -> None
         decoded = decode_message(body)
         assert [e.id for e in decoded.events] == ["n1"]
         assert [r.reason for r in decoded.rejects] == [f"#shares must be a positive integer, got {digits!r}"]
+
+
+# --- the batch fast path agrees with the per-element path --------------------------------
+
+def _outcome(decoded) -> tuple[list, list]:
+    return decoded.events, [(r.reason, r.index, r.raw) for r in decoded.rejects]
+
+
+wire_values = st.one_of(
+    ident, label, st.just(""), st.just("   "), st.just("\u00a0"), st.text(max_size=3), st.text(min_size=199, max_size=202),
+    st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=-2, max_value=2), st.booleans(),
+    st.none(), st.floats(allow_nan=False), st.just("12"), st.just(" 7 "), st.just("\u00b2"),
+    st.just(MAX_SHARES), st.just(MAX_SHARES + 1), st.just(10**201), st.lists(st.integers(), max_size=2),
+)
+wire_keys = st.sampled_from(["id", "#shares", "initial_order_id", "client", "stock", "# Shares", "Initial Order ID",
+                             "initialorderid", "ID", "x", "shares"])
+
+
+def _mutated(event):
+    """A wire dict of `event`, with some fields replaced, dropped or added under other spellings."""
+    return st.tuples(
+        st.dictionaries(wire_keys, wire_values, max_size=3),
+        st.lists(st.sampled_from(["id", "#shares", "initial_order_id", "client", "stock"]), max_size=2),
+    ).map(lambda change: {k: v for k, v in {**event.to_wire(), **change[0]}.items() if k not in change[1]})
+
+
+elements = st.one_of(
+    events.map(lambda e: e.to_wire()),
+    events.flatmap(_mutated),
+    st.builds(lambda e, i: {**e.to_wire(), "id": i, **({"initial_order_id": i} if isinstance(e, Purchase) else {})},
+              events, st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+    json_values,
+)
+
+
+@hsettings(max_examples=500)
+@given(st.one_of(st.lists(elements, max_size=12), elements), st.sampled_from(["json", "msgpack"]))
+def test_fast_path_agrees_with_the_per_element_path(value, form) -> None:
+    if form == "json":
+        body, content_type = json.dumps(value).encode(), None
+    else:
+        try:
+            body, content_type = msgspec.msgpack.encode(value), MSGPACK
+        except OverflowError:  # msgpack has no integers beyond 64 bits
+            assume(False)
+    assert _outcome(decode_message(body, content_type)) == _outcome(decode_message(body, content_type, fast=False))
+
+
+@hsettings(max_examples=300)
+@given(st.binary(max_size=300), st.sampled_from([None, "application/json", MSGPACK]))
+def test_fast_path_agrees_on_arbitrary_bytes(body, content_type) -> None:
+    assert _outcome(decode_message(body, content_type)) == _outcome(decode_message(body, content_type, fast=False))
+
+
+@given(st.lists(events, min_size=1, max_size=50))
+def test_valid_batches_take_the_fast_path(batch) -> None:
+    from aldebaran.trades import codec
+
+    wires = codec._msgpack_batch.decode(encode_msgpack(batch))
+    assert codec._typed(wires) == batch

@@ -67,14 +67,16 @@ def test_a_final_heartbeat_forgets_the_router_at_once() -> None:
 
 def test_nothing_heard_for_the_expiry_falls_back_to_the_clock_minus_the_margin() -> None:
     clock = ShardClock(EXPIRY, MARGIN, monotonic=0.0)
-    assert clock.watermark(WALL, EXPIRY + 0.1) == WALL - MARGIN  # no router ever: not stuck forever
+    assert clock.watermark(WALL, EXPIRY + 0.1) is None  # silent, but the queue may still hold messages
+    assert clock.watermark(WALL, EXPIRY + 0.1, drained=True) == WALL - MARGIN  # no router ever: not stuck
     clock.heartbeat("a", WALL - 40.0, 5.0)  # an old heartbeat from the backlog: the clock never goes back
     assert clock.watermark(WALL, 5.1) == WALL - MARGIN
     clock.heartbeat("a", WALL - 1.0, 5.2)
     assert clock.watermark(WALL, 5.3) == WALL - 1.0
     clock.message(6.0)  # batches alone keep it "heard" ...
     assert clock.watermark(WALL + 1, 8.0) == WALL - 1.0
-    assert clock.watermark(WALL + 40, 8.6) == WALL + 40 - MARGIN  # ... until silence: the router died
+    assert clock.watermark(WALL + 40, 8.6) == WALL - 1.0  # silence alone: maybe a lagging worker
+    assert clock.watermark(WALL + 40, 8.6, drained=True) == WALL + 40 - MARGIN  # silent and drained: it died
 
 
 def test_a_starved_worker_does_not_close_a_book_whose_events_are_still_queued() -> None:
@@ -111,3 +113,27 @@ def test_a_starved_worker_does_not_close_a_book_whose_events_are_still_queued() 
     assert tick(104.1, 3.4) == [] and not books.books  # closed; nothing more fires
     late = books.offer("trade_limits", Purchase("q", "o", 1, "c", "s"), 103.5, NOW)
     assert late.outcome is Outcome.LATE  # classification by stamp is unchanged
+
+
+def test_a_worker_lagging_past_the_margin_never_falls_back_while_its_queue_holds_messages() -> None:
+    """The overload bench's wrong alerts: a shard 60 s behind its queue stalls for 3 s.
+
+    On the old rule the silence alone switched the clock to wall - margin (30 s), past the
+    deadline of books whose events were still queued 60 s deep. Silence means "every
+    router is gone" only when the queue is also drained; a lagging worker is told it is not.
+    """
+    books = ShardBooks({"trade_limits": rule}, default_ttl=3, done_retention=60)
+    clock = ShardClock(EXPIRY, MARGIN, monotonic=0.0)
+    clock.message(0.0)
+    books.offer("trade_limits", PurchaseRequest("o", 100, "c", "s"), 100.0, NOW)
+    clock.heartbeat("r", 100.25, 0.0)
+    wall = 160.0  # the queue's head is 60 s old
+    for stall in (3.0, 10.0, 100.0):
+        mark = clock.watermark(wall + stall, stall, drained=False)
+        assert mark == 100.25  # the heartbeats read so far, not the wall clock
+        assert books.close_due(mark - 0.5, NOW) == [] and books.books
+    clock.message(100.1)
+    offered = books.offer("trade_limits", Purchase("p", "o", 150, "c", "s"), 102.9, NOW)
+    assert [a.alert_id for a in offered.alerts] == ["over_purchase:o"]
+    # Every router gone and the queue drained: the fallback still un-sticks the shard.
+    assert clock.watermark(wall + 200, 200.0, drained=True) == wall + 200 - MARGIN

@@ -13,13 +13,14 @@ from datetime import datetime, timezone
 
 import psutil
 import pytest
+from hypothesis import given, settings as hsettings, strategies as st
 
 from aldebaran.apps.trade_limits import rule
 from aldebaran.core.acks import AckTracker
 from aldebaran.core.book import Outcome
 from aldebaran.core.shard_state import FINAL_HEADER, HEARTBEAT, ROUTER_HEADER, ShardBooks
 from aldebaran.core.shards import Segment, decode_batch, encode_batch, shard_of
-from aldebaran.core.snapshot import decode_image
+from aldebaran.core.snapshot import BookRecord, DoneMarker, ShardImage, decode_image, encode_image, encode_state
 from aldebaran.trades.codec import TRADE_CODEC
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
@@ -85,6 +86,56 @@ def test_restored_shard_reaches_the_same_verdicts() -> None:
     assert not after_close.books and ("trade_limits", "b") in after_close.done
     late = after_close.offer("trade_limits", Purchase("b2", "b", 500, "c", "s"), 12.0, NOW)
     assert late.outcome is Outcome.LATE and not late.alerts
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(
+    st.lists(st.one_of(
+        st.builds(PurchaseRequest, id=st.sampled_from(["a", "b", "c"]), shares=st.integers(1, 120),
+                  client=st.just("c"), stock=st.just("s")),
+        st.builds(Purchase, id=st.sampled_from(["1", "2", "3", "4"]), order_id=st.sampled_from(["a", "b", "c"]),
+                  shares=st.integers(1, 120), client=st.just("c"), stock=st.just("s"))), max_size=8),
+    st.floats(0, 12), st.booleans()), max_size=12))
+def test_offer_many_is_offer_event_by_event(segments) -> None:
+    """The batch call reaches the verdicts, alerts, books and images of `offer` (hence of `Book.offer`)."""
+    one, many = (ShardBooks(RULES, default_ttl=3, done_retention=5) for _ in range(2))
+    clock = 0.0
+    for events, step, close in segments:
+        clock += step
+        outcomes = [one.offer("trade_limits", event, clock, NOW) for event in events]
+        fired: list = []
+        counts = many.offer_many("trade_limits", events, clock, NOW, fired)
+        assert counts == tuple(sum(o.outcome is kind for o in outcomes)
+                               for kind in (Outcome.APPLIED, Outcome.DUPLICATE, Outcome.LATE))
+        assert fired == [alert for o in outcomes for alert in o.alerts]
+        if close:
+            assert one.close_due(clock - 1, NOW) == many.close_due(clock - 1, NOW)
+        assert one.books.keys() == many.books.keys() and one.done == many.done
+        assert all((b.seen, b.state, b.opened_at) == (many.books[k].seen, many.books[k].state, many.books[k].opened_at)
+                   for k, b in one.books.items())
+        assert one.take_delta() == many.take_delta()
+    assert one.take_snapshot() == many.take_snapshot()
+
+
+def test_images_are_encoded_exactly_as_book_records() -> None:
+    """One encoder pass for a whole image writes the bytes `BookRecord`s did (old readers agree)."""
+    live = ShardBooks(RULES, default_ttl=3, done_retention=60)
+    for n, event in enumerate([PurchaseRequest("a", 100, "c", "s"), Purchase("a1", "a", 60, "c", "s"),
+                               Purchase("b1", "b", 5, "c", "s"), Purchase("c1", "c", 1, "c", "s")]):
+        live.offer("trade_limits", event, 10.0 + n, NOW)
+    live.close_due(13.5, NOW)  # a closes (deadline 13), b and c stay open
+
+    def records(bids):
+        return [BookRecord(app, key, live.books[(app, key)].opened_at, list(live.books[(app, key)].seen),
+                           encode_state(live.books[(app, key)].state)) for app, key in bids if (app, key) in live.books]
+
+    expected_delta = encode_image(ShardImage(records(list(live._dirty)), list(live._closed)))
+    assert live.take_delta() == expected_delta
+    expected_snapshot = encode_image(ShardImage(records(list(live.books)),
+                                                [DoneMarker(a, k, at) for (a, k), at in live.done.items()]))
+    assert live.take_snapshot() == expected_snapshot
+    image = decode_image(expected_snapshot)
+    assert [(r.key, sorted(r.seen)) for r in image.books] == [("b", ["p:b1"]), ("c", ["p:c1"])]
 
 
 # --- end to end -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import os
 import socket
 import time
 import uuid
+import zlib
 from collections import Counter
 from typing import Any, Sequence
 
@@ -34,7 +35,7 @@ from aldebaran.apps import load_rules
 from aldebaran.core.acks import AckTracker
 from aldebaran.core.rule import Rule
 from aldebaran.core.shard_state import FINAL_HEADER, HEARTBEAT, ROUTER_HEADER
-from aldebaran.core.shards import SHARD_BATCH, Segment, encode_batch, shard_of
+from aldebaran.core.shards import SHARD_BATCH, Segment, encode_batch
 from aldebaran.io import amqp
 from aldebaran.log import get_logger
 from aldebaran.runtime_tuning import tune_gc
@@ -153,20 +154,26 @@ class Router(Aggregator):
         self._release(delivery_tag)
 
     def _route(self, events: list[Any], delivery_tag: int, headers: Any) -> None:
+        """Group a message's events by shard and append one segment per shard to its buffer.
+
+        Per event this is only the key and its crc32 (`shard_of`, inlined): events are
+        packed once per segment by the codec (msgspec, in C), never one by one.
+        """
         ingest_ms = self._stamp()
+        at = ingest_ms / 1000
         published_ms = (headers or {}).get(PUBLISHED_HEADER)
         published_ms = published_ms if isinstance(published_ms, int) else 0
-        types = Counter(type(event).__name__ for event in events)
-        for kind, count in types.items():
-            EVENTS_CONSUMED.labels(type=kind).inc(count)
+        for kind, count in Counter(map(type, events)).items():  # counted in C, not per event in Python
+            EVENTS_CONSUMED.labels(type=kind.__name__).inc(count)
         shards = self.shards
+        crc32 = zlib.crc32
         for rule in self.rules:
             groups: dict[int, list[Any]] = {}
             key = rule.key
             accepts = rule.accepts
             for event in events:
                 if accepts(event):
-                    shard = shard_of(key(event, ingest_ms / 1000), shards)
+                    shard = crc32(key(event, at).encode()) % shards  # = shard_of(key, shards)
                     group = groups.get(shard)
                     if group is None:
                         groups[shard] = [event]
@@ -213,7 +220,8 @@ class Router(Aggregator):
     async def _publish_heartbeat(self, shard: int, body: bytes, properties: spec.Basic.Properties) -> None:
         assert self._out is not None
         try:
-            confirm = await self._out.basic_publish(body, routing_key=self.queues[shard], properties=properties)
+            confirm = await self._out.basic_publish(body, routing_key=self.queues[shard], mandatory=True,
+                                                   properties=properties)
         except Exception as exc:  # noqa: BLE001 - the channel died: restart like a batch would
             self._fail(f"shard heartbeat not confirmed: {exc!r}")
             return
@@ -236,7 +244,7 @@ class Router(Aggregator):
         assert self._out is not None
         try:
             confirm = await self._out.basic_publish(
-                body, routing_key=self.queues[shard],
+                body, routing_key=self.queues[shard], mandatory=True,  # a return is not an Ack: a failure
                 properties=spec.Basic.Properties(delivery_mode=2,
                                                  content_type=SHARD_BATCH))
         except Exception as exc:  # noqa: BLE001 - the channel died: everything unacked comes back

@@ -27,7 +27,6 @@ import redis.asyncio as aioredis
 
 from aldebaran.apps import load_rules
 from aldebaran.bench.samples import LatencySamples
-from aldebaran.core.book import Outcome
 from aldebaran.core.outbox import AlertOutbox
 from aldebaran.core.rule import Alert, Rule
 from aldebaran.core.shard_state import FINAL_HEADER, HEARTBEAT, ROUTER_HEADER, ShardBooks, ShardClock
@@ -116,10 +115,11 @@ class AlertEmitter:
                 del self._inflight[batch_id]
                 self._progress.set()
             now_ms = time.time() * 1000
+            histogram = PROCESSING_LATENCY.labels(stage="alert")  # the label lookup once per batch
             for _, published_ms in batch:
                 if published_ms:
                     latency = max(0.0, now_ms - published_ms)
-                    PROCESSING_LATENCY.labels(stage="alert").observe(latency / 1000)
+                    histogram.observe(latency / 1000)
                     if self._samples.enabled:
                         self._samples.add(1, latency)
 
@@ -158,6 +158,9 @@ class ShardConsumer:
         self.last_compaction = time.monotonic()
         self.checkpointing: asyncio.Task[None] | None = None
         self.side_tasks: set[asyncio.Task[None]] = set()
+        self.drained_at = float("-inf")  # monotonic time a check last found the queue empty
+        self.drain_check: asyncio.Task[None] | None = None
+        self.lag_warned = float("-inf")  # the silence (by its last message) already logged as lagging
         self.log = log.bind(shard=shard)
 
     async def on_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
@@ -216,22 +219,18 @@ class ShardConsumer:
         applied = duplicate = late = events_total = 0
         assert self.clock is not None
         self.clock.message(time.monotonic())
+        offer_many = state.offer_many
+        fired: list[Alert] = []
         for segment, events in batches:
-            at = segment.ingest_ms / 1000.0
-            app = segment.app
             published_ms = segment.published_ms
-            offer = state.offer
-            for event in events:
-                result = offer(app, event, at, now)
-                outcome = result.outcome
-                if outcome is Outcome.APPLIED:
-                    applied += 1
-                    for alert in result.alerts:
-                        emitter.add(alert, published_ms)
-                elif outcome is Outcome.DUPLICATE:
-                    duplicate += 1
-                else:
-                    late += 1
+            counts = offer_many(segment.app, events, segment.ingest_ms / 1000.0, now, fired)
+            applied += counts[0]
+            duplicate += counts[1]
+            late += counts[2]
+            if fired:
+                for alert in fired:
+                    emitter.add(alert, published_ms)
+                fired.clear()
             events_total += len(events)
             if published_ms:
                 latency = max(0.0, now_ms - published_ms)
@@ -268,17 +267,33 @@ class ShardConsumer:
         little skew. A shard that lags behind its queue (a backlog, a starved process, a
         takeover replaying redelivered messages) reads the heartbeats late too, so it still
         counts every event stamped before a book's deadline. Only when nothing at all was
-        processed for the router expiry does it close on the wall clock minus a generous
-        margin (`shard_clock_margin_seconds`).
+        processed for the router expiry, and a check found the queue empty since, does it
+        close on the wall clock minus a generous margin (`shard_clock_margin_seconds`).
         """
         if self.state is None or self.clock is None:
             return
-        watermark = self.clock.watermark(now_ts, monotonic)
+        if self.clock.silent(monotonic) and (self.drain_check is None or self.drain_check.done()):
+            self.drain_check = asyncio.ensure_future(self._check_drained(monotonic, self.clock.last_message))
+        watermark = self.clock.watermark(now_ts, monotonic, drained=self.drained_at >= self.clock.last_message)
         if watermark is not None:
             for alert in self.state.close_due(watermark - SKEW_SECONDS, now):
                 self.worker.emitter.add(alert, 0)
         if monotonic - self.last_checkpoint >= self.worker.checkpoint_seconds:
             self.request_checkpoint()
+
+    async def _check_drained(self, started: float, last_message: float) -> None:
+        """Silence means "every router is gone" only while nothing waits in the queue."""
+        try:
+            declared = await self.channel.queue_declare(shard_queue(self.shard), passive=True)
+        except Exception as exc:  # noqa: BLE001 - the channel died: the session restarts
+            self.log.warning("could not check the shard queue's depth", error=repr(exc))
+            return
+        if not declared.message_count:
+            self.drained_at = started
+        elif self.lag_warned != last_message:  # once per silence, not per tick
+            self.lag_warned = last_message
+            self.log.warning("silent while the shard queue holds messages: lagging, closing on heartbeats only",
+                             queued=declared.message_count)
 
     def request_checkpoint(self) -> None:
         if self.checkpointing is None or self.checkpointing.done():
