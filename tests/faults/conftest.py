@@ -52,7 +52,8 @@ def record():
                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
                "sinks": {name: {"expected": r.expected, "delivered": r.delivered, "deliveries": r.deliveries,
                                 "lost": len(r.lost), "duplicated": len(r.duplicated),
-                                "unexpected": len(r.unexpected)} for name, r in reports.items()},
+                                "unexpected": len(r.unexpected),
+                                "window_repeats": sum(n - 1 for n in r.window_repeats.values())} for name, r in reports.items()},
                **extra}
         with open(path, "a") as fh:
             fh.write(json.dumps(row) + "\n")

@@ -47,12 +47,14 @@ class WebhookServer:
         self.delay = delay  # seconds before answering (a slow or hanging recipient)
         self.requests = 0
         self.received: list[str] = []
+        self.arrivals: list[tuple[float, str]] = []  # (monotonic time at receipt, alert id)
         self.lock = threading.Lock()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                at = time.monotonic()
                 with owner.lock:
                     owner.requests += 1
                 if owner.delay:
@@ -65,6 +67,7 @@ class WebhookServer:
                     return
                 with owner.lock:
                     owner.received.append(alert_id)
+                    owner.arrivals.append((at, alert_id))
                 self.send_response(200)
                 self.end_headers()
 
@@ -79,6 +82,10 @@ class WebhookServer:
     def deliveries(self) -> list[str]:
         with self.lock:
             return list(self.received)
+
+    def timeline(self) -> list[tuple[float, str]]:
+        with self.lock:
+            return list(self.arrivals)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -114,6 +121,7 @@ class Fleet:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
     kills: dict[str, int] = field(default_factory=dict)
+    kill_times: dict[str, list[float]] = field(default_factory=dict)  # monotonic time of each SIGKILL
     _ready_before: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -164,6 +172,7 @@ class Fleet:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
         self.kills[kind] = self.kills.get(kind, 0) + 1
+        self.kill_times.setdefault(kind, []).append(time.monotonic())
 
     def bounce(self, kind: str) -> None:
         """Kill a working process of `kind` (the previous restart is ready first) and restart it."""

@@ -21,7 +21,9 @@ def render(lines: list[str]) -> str:
             continue
         for sink, r in row["sinks"].items():
             out.append(f"| {row['fault']} | {row['injected']} | {row['events']} | {sink} | {r['expected']} | "
-                       f"{r['delivered']} | {r['lost']} | {r['duplicated']} | {r['unexpected']} |")
+                       f"{r['delivered']} | {r['lost']} | {r['duplicated']}"
+                       f"{' (+%d window repeats)' % r['window_repeats'] if r.get('window_repeats') else ''} | "
+                       f"{r['unexpected']} |")
         commands.append(f"- {row['fault']}: `{row['command']}`")
     fuzz = [row for row in rows if row.get("fuzz")]
     text = "\n".join(out) + "\n\nReproduce one row:\n\n" + "\n".join(commands) + "\n"
