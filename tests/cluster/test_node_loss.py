@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +33,7 @@ from aldebaran.metrics import PUBLISH_NACKS
 from aldebaran.settings import Settings
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.generator import generate
+from tests.faults.fleet import WebhookServer
 from tests.support import services
 from tests.support.checker import check
 from tests.support.pipeline import declare, running
@@ -58,48 +58,6 @@ def _load_testbed():
     return module
 
 
-class Recipient:
-    """The channel sink: an HTTP server recording (time, alert id) per POST, repeats included."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[float, str]] = []
-        self.lock = threading.Lock()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                try:
-                    alert_id = json.loads(body)["alert_id"]
-                except (ValueError, KeyError):
-                    self.send_response(400)
-                    self.end_headers()
-                    return
-                with owner.lock:
-                    owner.received.append((time.monotonic(), alert_id))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def ids(self) -> list[str]:
-        with self.lock:
-            return [a for _, a in self.received]
-
-    def times(self) -> list[float]:
-        with self.lock:
-            return [t for t, _ in self.received]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def cluster(tmp_path_factory) -> Iterator[object]:
     testbed = _load_testbed()
@@ -111,8 +69,8 @@ def cluster(tmp_path_factory) -> Iterator[object]:
 
 
 @pytest.fixture
-def recipient() -> Iterator[Recipient]:
-    server = Recipient()
+def recipient() -> Iterator[WebhookServer]:
+    server = WebhookServer()
     yield server
     server.close()
 
@@ -143,7 +101,7 @@ class HeldStream(threading.Thread):
 class Monitor(threading.Thread):
     """Samples the stream every 0.5 s: events confirmed, publisher nacks, alerts at the sink."""
 
-    def __init__(self, publisher: HeldStream, recipient: Recipient) -> None:
+    def __init__(self, publisher: HeldStream, recipient: WebhookServer) -> None:
         super().__init__(daemon=True)
         self.publisher, self.recipient = publisher, recipient
         self.samples: list[tuple[float, int, float, int]] = []
@@ -153,7 +111,7 @@ class Monitor(threading.Thread):
         nacks = PUBLISH_NACKS.labels(publisher="trade")
         while not self.done.is_set():
             self.samples.append((time.monotonic(), self.publisher.confirmed, nacks._value.get(),
-                                 len(self.recipient.times())))
+                                 len(self.recipient.timeline())))
             self.done.wait(0.5)
 
     def table(self, origin: float, marks: dict[str, float], step: float = 2.0) -> str:
@@ -212,7 +170,7 @@ def _drain_tap(urls: list[str]) -> list[str]:
     raise AssertionError("no cluster node answers")
 
 
-def test_stop_the_leader_node_mid_stream(cluster, recipient: Recipient, redis_prefix: str, tmp_path: Path) -> None:
+def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redis_prefix: str, tmp_path: Path) -> None:
     urls: list[str] = cluster.urls
     config = tmp_path / "channels.toml"
     config.write_text("[[channels]]\nname = \"hook\"\nkind = \"webhook\"\n"
@@ -267,20 +225,20 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: Recipient, redis_pr
         stream_done = publisher.timeline[-1][0]  # the last confirm
 
         deadline = time.monotonic() + 150
-        while not stream.expected <= set(recipient.ids()) and time.monotonic() < deadline:
+        while not stream.expected <= set(recipient.deliveries()) and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)  # settle: late copies would show up as duplicates
         all_in = time.monotonic()
         monitor.done.set()
         up_log = pipeline.log()
-    report = check("webhook", stream.expected, recipient.ids())
+    report = check("webhook", stream.expected, recipient.deliveries())
     tap = check("alert tap", stream.expected, _drain_tap(urls))
 
     # Recovery: the longest stretch without a publisher confirm after the stop began,
     # and when the sink got its first alert after the stop.
     after = [t for t, _ in publisher.timeline if t >= stop_started]
     confirm_gap = max((b - a for a, b in zip([stop_started, *after], after)), default=float("nan"))
-    arrivals = sorted(t for t in recipient.times() if t >= stop_started)
+    arrivals = sorted(t for t, _ in recipient.timeline() if t >= stop_started)
     alert_gap = max((b - a for a, b in zip([stop_started, *arrivals], arrivals)), default=float("nan"))
     assert publisher.report is not None
     print(f"\n{len(stream.events)} events, {stream.orders} orders, {len(stream.expected)} expected alerts; "
