@@ -45,6 +45,7 @@ from workers.runtime import Lifecycle
 
 log = get_logger("shard-books")
 TICK_SECONDS = 0.05
+DRAIN_CHECK_SECONDS = 1.0  # a silent shard asks its queue's depth at most this often
 # Closing later than a deadline changes no verdict (a Book judges each event by its own
 # ingest time), closing earlier would: so the closing clock lags a little. The heartbeat
 # watermark is exact for the routers it knows; the skew covers a router that has just
@@ -160,6 +161,7 @@ class ShardConsumer:
         self.side_tasks: set[asyncio.Task[None]] = set()
         self.drained_at = float("-inf")  # monotonic time a check last found the queue empty
         self.drain_check: asyncio.Task[None] | None = None
+        self.drain_checked_at = float("-inf")  # monotonic time the last check started
         self.lag_warned = float("-inf")  # the silence (by its last message) already logged as lagging
         self.log = log.bind(shard=shard)
 
@@ -272,9 +274,13 @@ class ShardConsumer:
         """
         if self.state is None or self.clock is None:
             return
-        if self.clock.silent(monotonic) and (self.drain_check is None or self.drain_check.done()):
+        drained = self.drained_at >= self.clock.last_message
+        # One passive declare per second while silent and not yet seen empty, none once it was.
+        if (not drained and self.clock.silent(monotonic) and monotonic - self.drain_checked_at >= DRAIN_CHECK_SECONDS
+                and (self.drain_check is None or self.drain_check.done())):
+            self.drain_checked_at = monotonic
             self.drain_check = asyncio.ensure_future(self._check_drained(monotonic, self.clock.last_message))
-        watermark = self.clock.watermark(now_ts, monotonic, drained=self.drained_at >= self.clock.last_message)
+        watermark = self.clock.watermark(now_ts, monotonic, drained=drained)
         if watermark is not None:
             for alert in self.state.close_due(watermark - SKEW_SECONDS, now):
                 self.worker.emitter.add(alert, 0)
