@@ -191,6 +191,9 @@ class Settings(BaseSettings):
     shard_checkpoint_messages: Annotated[int, Field(ge=1, le=65535)] = 200  # ... or after this many messages
     shard_compact_seconds: Annotated[float, Field(gt=0)] = 30.0  # full snapshot, deltas trimmed
     shard_done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
+    # ... but at most this many per shard book worker (170-210 bytes each): past it the oldest
+    # are forgotten early, counted and logged, so memory stays bounded at any order rate.
+    shard_done_max_markers: Annotated[int, Field(ge=1)] = 4_000_000
     shard_workers: Annotated[int, Field(ge=1, le=4096)] = 1  # book worker processes sharing the shards
     shard_worker_index: Annotated[int, Field(ge=0, le=4095)] = 0  # this process's preferred shards: n % workers
     shard_standby_seconds: Annotated[float, Field(ge=0)] = 2.0  # before subscribing to others' shards as standby

@@ -37,7 +37,8 @@ from aldebaran.io import redis as redis_io
 from aldebaran.io.redis import Keys
 from aldebaran.log import get_logger
 from aldebaran.runtime_tuning import tune_gc
-from aldebaran.metrics import BATCH_EVENTS, BOOK_EVENTS, BOOKS_OPEN, DEAD_LETTERED, PROCESSING_LATENCY
+from aldebaran.metrics import (BATCH_EVENTS, BOOK_EVENTS, BOOKS_OPEN, DEAD_LETTERED, DONE_MARKERS,
+                               DONE_MARKERS_FORGOTTEN, PROCESSING_LATENCY)
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
 from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, shard_queue, shard_queue_arguments
@@ -367,10 +368,13 @@ class ShardBookWorker:
         self.default: aio_pika.abc.AbstractExchange
         self._ended = asyncio.Event()
         self._counts = [0, 0, 0]
+        # Per shard, so a worker holding every shard holds at most shard_done_max_markers.
+        self.done_cap_per_shard = max(1, settings.shard_done_max_markers // settings.shards)
+        self._forgotten: dict[int, int] = {}  # shard -> its store's `evicted` already counted
 
     def new_state(self) -> ShardBooks:
         return ShardBooks(self.rules, self.settings.book_ttl_seconds,
-                          self.settings.shard_done_retention_seconds)
+                          self.settings.shard_done_retention_seconds, done_cap=self.done_cap_per_shard)
 
     def new_clock(self) -> ShardClock:
         expiry = ROUTER_EXPIRY_HEARTBEATS * self.settings.shard_heartbeat_ms / 1000.0
@@ -473,8 +477,24 @@ class ShardBookWorker:
 
     def _report(self) -> None:
         self._count_events()
-        BOOKS_OPEN.set(sum(len(c.state.books) for c in self.consumers.values() if c.state))
+        states = {shard: c.state for shard, c in self.consumers.items() if c.state}
+        BOOKS_OPEN.set(sum(len(state.books) for state in states.values()))
+        DONE_MARKERS.set(sum(len(state.done) for state in states.values()))
+        for shard, state in states.items():
+            forgotten = state.done.evicted - self._forgotten.get(shard, 0)
+            if forgotten > 0:
+                if not self._forgotten.get(shard):
+                    log.warning("done markers at their cap: forgetting the oldest before their retention",
+                                shard=shard, cap=self.done_cap_per_shard,
+                                remembered_seconds=round(self._remembered_seconds(state), 1))
+                self._forgotten[shard] = state.done.evicted
+                DONE_MARKERS_FORGOTTEN.inc(forgotten)
         self.samples.flush()
+
+    def _remembered_seconds(self, state: ShardBooks) -> float:
+        """How far back the shard still recognises late events (the retention, shrunk by the cap)."""
+        oldest, newest = state.done.oldest_expiry, state.done.newest_expiry
+        return 0.0 if oldest is None or newest is None else newest - oldest
 
     async def _final_checkpoints(self) -> None:
         """Graceful stop: cancel nothing mid-way; checkpoint and ack what was processed."""

@@ -10,15 +10,15 @@ done markers turn events of closed books into late ones.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 import msgspec
 
 from aldebaran.core.book import Book, Offer, Outcome
+from aldebaran.core.done_markers import DoneMarkers
 from aldebaran.core.rule import Alert, Rule
-from aldebaran.core.snapshot import DoneMarker, ShardImage
+from aldebaran.core.snapshot import DoneGroup, ShardImage
 
 BookId = tuple[str, str]  # (app, key)
 _LATE = Offer(Outcome.LATE)
@@ -42,7 +42,8 @@ class _LiveRecord(msgspec.Struct, array_like=True, gc=False):
 
 class _LiveImage(msgspec.Struct, array_like=True, gc=False):
     books: list[_LiveRecord]
-    done: list[DoneMarker]
+    done: list[Any]  # the per-key form of older images: always written empty
+    groups: list[DoneGroup]
 
 
 _image_encoder = msgspec.msgpack.Encoder()
@@ -51,16 +52,16 @@ _image_encoder = msgspec.msgpack.Encoder()
 class ShardBooks:
     """The open books and recently closed keys of one shard, for one or more rules."""
 
-    def __init__(self, rules: Mapping[str, Rule[Any]], default_ttl: float, done_retention: float) -> None:
+    def __init__(self, rules: Mapping[str, Rule[Any]], default_ttl: float, done_retention: float,
+                 done_cap: int = 2**62) -> None:
         self.rules = dict(rules)
         self.ttl = {name: rule.ttl_seconds(default_ttl) for name, rule in self.rules.items()}
         self.retention = done_retention
         self.books: dict[BookId, Book[Any]] = {}
-        self.done: dict[BookId, float] = {}
+        self.done = DoneMarkers(done_cap)
         self._deadlines: list[tuple[float, BookId]] = []
-        self._expiries: deque[tuple[float, BookId]] = deque()
         self._dirty: set[BookId] = set()
-        self._closed: list[DoneMarker] = []
+        self._closed: list[DoneGroup] = []
         self._state_decoders = {name: msgspec.msgpack.Decoder(type(rule.new_state("")))
                                 for name, rule in self.rules.items()}
 
@@ -97,13 +98,14 @@ class ShardBooks:
         """
         rule = self.rules[app]
         key_of, event_id, apply = rule.key, rule.event_id, rule.apply
-        books, done, dirty = self.books, self.done, self._dirty
+        books, done, dirty = self.books, self.done.of(app), self._dirty
         applied = duplicate = late = 0
         for event in events:
-            bid = (app, key_of(event, at))
-            if bid in done:
+            key = key_of(event, at)
+            if key in done:
                 late += 1
                 continue
+            bid = (app, key)
             book = books.get(bid)
             if book is None:
                 book = Book(rule, bid[1], at, self.ttl[app])
@@ -131,8 +133,8 @@ class ShardBooks:
         heap = self._deadlines
         if heap and heap[0][0] <= now_ts:
             # Locals bound once: thousands of books close per tick under load.
-            books, done, dirty, closed, expiries = self.books, self.done, self._dirty, self._closed, self._expiries
-            expires_at = now_ts + self.retention
+            books, dirty = self.books, self._dirty
+            closed: dict[str, list[str]] = {}
             heappop = heapq.heappop
             while heap and heap[0][0] <= now_ts:
                 bid = heappop(heap)[1]
@@ -142,15 +144,16 @@ class ShardBooks:
                 fired = book.close(now)
                 if fired:
                     alerts.extend(fired)
-                done[bid] = expires_at
-                expiries.append((expires_at, bid))
-                closed.append(DoneMarker(bid[0], bid[1], expires_at))
+                keys = closed.get(bid[0])
+                if keys is None:
+                    keys = closed[bid[0]] = []
+                keys.append(bid[1])
                 dirty.discard(bid)
-        expiries = self._expiries
-        while expiries and expiries[0][0] <= now_ts:
-            expires_at, bid = expiries.popleft()
-            if self.done.get(bid) == expires_at:
-                del self.done[bid]
+            expires_at = now_ts + self.retention
+            for app, keys in closed.items():
+                self.done.add(app, keys, expires_at)
+                self._closed.append(DoneGroup(app, expires_at, keys))
+        self.done.expire(now_ts)
         return alerts
 
     def take_delta(self) -> bytes:
@@ -158,7 +161,7 @@ class ShardBooks:
         books = self.books
         records = [_LiveRecord(app, key, book.opened_at, book.seen, book.state)
                    for app, key in self._dirty if (book := books.get((app, key))) is not None]
-        image = _LiveImage(records, self._closed)
+        image = _LiveImage(records, [], self._closed)
         self._dirty = set()
         self._closed = []
         return _image_encoder.encode(image)
@@ -169,8 +172,7 @@ class ShardBooks:
         self._closed = []
         records = [_LiveRecord(app, key, book.opened_at, book.seen, book.state)
                    for (app, key), book in self.books.items()]
-        done = [DoneMarker(bid[0], bid[1], at) for bid, at in self.done.items()]
-        return _image_encoder.encode(_LiveImage(records, done))
+        return _image_encoder.encode(_LiveImage(records, [], self.done.groups()))
 
     def restore(self, images: Sequence[ShardImage], now_ts: float) -> None:
         """Rebuild from a snapshot followed by its deltas, in order."""
@@ -186,14 +188,13 @@ class ShardBooks:
                 book.state = self._state_decoders[record.app].decode(record.state)
                 book.seen = set(record.seen)
                 self.books[bid] = book
-            for marker in image.done:
-                bid = (marker.app, marker.key)
-                self.books.pop(bid, None)
-                if marker.expires_at > now_ts:
-                    self.done[bid] = marker.expires_at
+            groups = [DoneGroup(m.app, m.expires_at, [m.key]) for m in image.done] + image.groups
+            for group in groups:
+                for key in group.keys:
+                    self.books.pop((group.app, key), None)
+            self.done.restore(groups, now_ts)
         self._deadlines = [(book.deadline, bid) for bid, book in self.books.items()]
         heapq.heapify(self._deadlines)
-        self._expiries = deque(sorted((at, bid) for bid, at in self.done.items()))
         self._dirty = set()
         self._closed = []
 

@@ -4,8 +4,9 @@ A record carries everything a `Book` needs to continue exactly where it was: the
 state (a msgspec-encodable dataclass or Struct: the rule's own type), the event ids
 already counted, the ingest time it opened at, and whether it is closed. Closed books
 are kept only as done markers (key -> expiry, epoch seconds) so late events change
-nothing. A delta holds the books changed since the previous checkpoint and the keys
-closed meanwhile; a snapshot holds every open book and every live done marker.
+nothing, written as groups of keys sharing an expiry. A delta holds the books changed
+since the previous checkpoint and the keys closed meanwhile; a snapshot holds every open
+book and every live done marker.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ class BookRecord(msgspec.Struct, array_like=True, gc=False):
 
 
 class DoneMarker(msgspec.Struct, array_like=True, gc=False):
+    """One closed key: the form images were written in before `DoneGroup` (still read)."""
+
     app: str
     key: str
     expires_at: float
+
+
+class DoneGroup(msgspec.Struct, array_like=True, gc=False):
+    """Keys of one application closed together, forgotten together: one array, not one per key."""
+
+    app: str
+    expires_at: float
+    keys: list[str]
 
 
 class ShardImage(msgspec.Struct, array_like=True, gc=False):
@@ -32,6 +43,7 @@ class ShardImage(msgspec.Struct, array_like=True, gc=False):
 
     books: list[BookRecord]
     done: list[DoneMarker]
+    groups: list[DoneGroup] = []
 
 
 _encoder = msgspec.msgpack.Encoder()

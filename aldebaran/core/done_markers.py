@@ -1,0 +1,105 @@
+"""The keys of closed books, remembered so their late events change nothing. Pure.
+
+A shard closes thousands of books a second under load and must remember each for
+`shard_done_retention_seconds` of watermark time, so the store is what bounds a shard
+worker's memory. It keeps one set of key strings per application (the string the book
+already held: no tuple, no float, no heap entry per key) and the keys in groups that
+expire together, oldest first. A cap bounds it whatever the order rate: past it the
+oldest keys are forgotten before their expiry and counted, so the effective retention
+shrinks visibly instead of the memory growing. A forgotten key's very late event opens a
+fresh book, exactly as after the retention (docs/sharding.md).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from aldebaran.core.snapshot import DoneGroup
+
+# Keys closed within this many seconds of each other share a group (expiring up to this late).
+GROUP_SECONDS = 1.0
+
+
+class DoneMarkers:
+    """Closed (app, key)s with their expiry, in expiry order; at most `cap` of them."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.evicted = 0  # keys forgotten before their expiry because of the cap (cumulative)
+        self._keys: dict[str, set[str]] = {}
+        self._groups: deque[DoneGroup] = deque()  # oldest expiry first; the last one may grow
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, bid: tuple[str, str]) -> bool:
+        keys = self._keys.get(bid[0])
+        return keys is not None and bid[1] in keys
+
+    def of(self, app: str) -> set[str]:
+        """The live set of `app`'s done keys, for a hot loop's membership tests (do not modify)."""
+        keys = self._keys.get(app)
+        if keys is None:
+            keys = self._keys[app] = set()
+        return keys
+
+    def add(self, app: str, keys: list[str], expires_at: float) -> None:
+        """Remember `keys` (not already done) until `expires_at`; expiries must not go back."""
+        if not keys:
+            return
+        self.of(app).update(keys)
+        last = self._groups[-1] if self._groups else None
+        if last is not None and last.app == app and expires_at - last.expires_at < GROUP_SECONDS \
+                and last.expires_at <= expires_at:
+            last.keys.extend(keys)
+            last.expires_at = expires_at
+        else:
+            self._groups.append(DoneGroup(app, expires_at, list(keys)))
+        self._count += len(keys)
+        if self._count > self.cap:
+            self._forget(self._count - self.cap)
+
+    def expire(self, now_ts: float) -> None:
+        """Forget every key whose expiry is at or before `now_ts`."""
+        groups = self._groups
+        while groups and groups[0].expires_at <= now_ts:
+            group = groups.popleft()
+            self._keys[group.app].difference_update(group.keys)
+            self._count -= len(group.keys)
+
+    @property
+    def oldest_expiry(self) -> float | None:
+        """The expiry of the oldest key held: how far back late events are still recognised."""
+        return self._groups[0].expires_at if self._groups else None
+
+    @property
+    def newest_expiry(self) -> float | None:
+        return self._groups[-1].expires_at if self._groups else None
+
+    def groups(self) -> list[DoneGroup]:
+        """Every group, oldest first (for a snapshot: encoded as they are, no copy per key)."""
+        return list(self._groups)
+
+    def restore(self, groups: Iterable[DoneGroup], now_ts: float) -> None:
+        """Add groups read back from images, in the order written; expired ones are skipped."""
+        for group in groups:
+            if group.expires_at > now_ts:
+                keys = self.of(group.app)
+                self.add(group.app, [k for k in group.keys if k not in keys], group.expires_at)
+
+    def _forget(self, excess: int) -> None:
+        groups = self._groups
+        self.evicted += excess
+        while excess and groups:
+            group = groups[0]
+            if len(group.keys) <= excess:
+                groups.popleft()
+                forgotten = group.keys
+            else:
+                forgotten = group.keys[:excess]
+                del group.keys[:excess]
+            self._keys[group.app].difference_update(forgotten)
+            self._count -= len(forgotten)
+            excess -= len(forgotten)
