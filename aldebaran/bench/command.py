@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "until p99 recovers, in the sharded 2-process layout")
     parser.add_argument("--capacity", type=float, default=0.0,
                         help="overload: the pipeline's capacity in events/s (default: measure it first)")
-    parser.add_argument("--calibrate-seconds", type=float, default=15.0, help="overload: capacity measurement")
+    parser.add_argument("--calibrate-seconds", type=float, default=60.0,
+                        help="overload: capacity measurement at saturation; the rate of its last half counts")
     parser.add_argument("--surge-seconds", type=float, default=60.0, help="overload: time at 2x capacity")
     parser.add_argument("--surge-factor", type=float, default=2.0)
     parser.add_argument("--recovery-factor", type=float, default=0.5)

@@ -78,12 +78,18 @@ def _p(values: dict[str, float]) -> str:
     return " / ".join(f"{values[k]:,.1f}" for k in ("p50", "p99", "max")) if values else "–"
 
 
+def _first_half(o: Overload) -> str:
+    """The calibration's first-half rate beside the capacity: a fall between them is the reason
+    only the last half counts."""
+    return f" (first half: {o.capacity_first_half:,.0f})" if o.capacity_first_half else ""
+
+
 def overload_markdown(o: Overload, command: str, context: str) -> str:
     """The overload section: the issue's figures, each next to the bound it must respect."""
     ok = {True: "ok", False: "**NO**"}
     lines = [OVERLOAD_BEGIN, "", f"Command: `{command}`", "", context, "",
              "| figure | value | bound / target | within |", "|---|---:|---|---|",
-             f"| capacity | {o.capacity:,.0f} events/s | {o.capacity_source} | – |",
+             f"| capacity | {o.capacity:,.0f} events/s{_first_half(o)} | {o.capacity_source} | – |",
              f"| surge | {o.capacity * o.surge_factor:,.0f} events/s asked, {o.surge_offered:,.0f} confirmed, "
              f"for {o.surge_seconds:g} s | {o.surge_factor:g} × capacity | – |",
              f"| recovery load | {o.capacity * o.recovery_factor:,.0f} events/s for {o.recovery_seconds:.0f} s "
@@ -123,6 +129,11 @@ def overload_markdown(o: Overload, command: str, context: str) -> str:
     lines += ["", "CPU (cores, surge + recovery): " + (_cpu_text(o.cpu) or "–") + ".", "",
               f"p99 → book (ms) of 1-s buckets after the surge ended, one per {TIMELINE_STEP:.0f} s: "
               + ("; ".join(every) or "–") + "."]
+    for name, ids, count in (("wrong", o.wrong_examples, o.alerts.wrong),
+                             ("missing", o.missing_examples, o.alerts.missing)):
+        if ids:
+            lines += ["", f"Alerts {name} (first {len(ids)} of {count:,}): "
+                      + ", ".join(f"`{i}`" for i in ids) + "."]
     if o.note:
         lines += ["", "Note: " + o.note + "."]
     lines += ["", OVERLOAD_END]
