@@ -77,6 +77,9 @@ class Overload:
     backlog_peak: int = 0  # events published, not yet in a book
     backlog_peak_messages: int = 0  # ready in the ingress and shard queues
     backlog_peak_at: float = 0.0  # seconds after the surge began
+    books_open_peak: int = 0  # what the shard worker's memory holds: open books ...
+    done_markers_peak: int = 0  # ... and closed orders remembered for late events
+    done_markers_forgotten: int = 0  # dropped early at shard_done_max_markers
     drained_after: float | None = None  # seconds after the surge ended, while the recovery load ran
     all_in_after: float | None = None  # seconds after the surge ended when the last event reached a book
     recovered_after: float | None = None
@@ -148,6 +151,7 @@ class _Monitor:
         self.processed_sample = (time.monotonic(), 0)  # when `processed` was read, and its value
         self.late = 0
         self.backlog = 0
+        self.books_open_peak = self.done_markers_peak = self.done_markers_forgotten = 0
         self.backlog_peak, self.backlog_peak_messages, self.backlog_peak_time = 0, 0, 0.0
         self.buckets: list[tuple[float, list[tuple[float, float]]]] = []  # (monotonic, samples of that second)
         self._shared = [p for p in psutil.process_iter(["name"])
@@ -163,6 +167,10 @@ class _Monitor:
                 self.processed = int(_total(metrics, "aldebaran_book_events_total"))
                 self.processed_sample = (time.monotonic(), self.processed)
                 self.late = int(_total(metrics, "aldebaran_book_events_total", outcome="late"))
+                self.books_open_peak = max(self.books_open_peak, int(_total(metrics, "aldebaran_books_open")))
+                self.done_markers_peak = max(self.done_markers_peak,
+                                             int(_total(metrics, "aldebaran_shard_done_markers")))
+                self.done_markers_forgotten = int(_total(metrics, "aldebaran_shard_done_markers_forgotten_total"))
                 self.backlog = max(0, self.feed.confirmed - self.processed)
                 if self.backlog > self.backlog_peak:
                     self.backlog_peak, self.backlog_peak_time = self.backlog, time.monotonic()
@@ -377,6 +385,9 @@ def _collect(result: Overload, monitor: _Monitor, surge_start: float, surge_end:
     result.backlog_peak_messages = monitor.backlog_peak_messages
     result.backlog_peak_at = max(0.0, monitor.backlog_peak_time - surge_start)
     result.rss_mib = monitor.peaks()
+    result.books_open_peak = monitor.books_open_peak
+    result.done_markers_peak = monitor.done_markers_peak
+    result.done_markers_forgotten = monitor.done_markers_forgotten
     result.services_mib = {name: (peak, limits.get(name, 0.0)) for name, peak in monitor.services.items()}
     result.p99_timeline = [(t - surge_end, p99) for t, p99 in monitor.p99_since(surge_end)]
     result.p99_surge = percentiles(monitor.samples_between(surge_start, surge_end))

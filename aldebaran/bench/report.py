@@ -114,6 +114,8 @@ def overload_markdown(o: Overload, command: str, context: str) -> str:
              f"| {_p(o.p99_after)} ms | {P99_TARGET_MS:g} ms p99 | – |",
              f"| publisher refused (nacks) / connection.blocked episodes | {o.nacks:,} / {o.blocked:,} "
              f"| retried with backoff | – |",
+             f"| shard worker holds, at peak | {o.books_open_peak:,} open books, {o.done_markers_peak:,} done "
+             f"markers ({o.done_markers_forgotten:,} forgotten early) | shard_done_max_markers | – |",
              "", "| process | peak RSS MiB | bound MiB | within |", "|---|---:|---:|---|"]
     for name, peak in sorted(o.rss_mib.items()):
         lines.append(f"| {name} | {peak:,.1f} | {o.bound_mib:,} | {ok[peak < o.bound_mib]} |")
