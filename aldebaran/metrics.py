@@ -34,6 +34,7 @@ PUBLISH_NACKS = Counter("aldebaran_publish_nacks_total", "Publishes refused by t
 UNROUTABLE = Counter("aldebaran_publish_unroutable_total",
                      "Mandatory publishes returned by the broker (no queue to route to) and retried", ["publisher"])
 INGEST_LAG = Gauge("aldebaran_ingest_lag_seconds", "Age of the newest event consumed (time behind the publishers)", ["stage"])
+ROUTER_PAUSED = Gauge("aldebaran_router_paused", "1 while a router holds its input because a shard queue is backlogged")
 DONE_MARKERS = Gauge("aldebaran_shard_done_markers", "Closed books a shard worker remembers (late events are recognised)")
 DONE_MARKERS_FORGOTTEN = Counter("aldebaran_shard_done_markers_forgotten_total",
                                  "Done markers dropped before their retention because shard_done_max_markers was reached")

@@ -187,6 +187,9 @@ class Settings(BaseSettings):
 
     # Sharded mode (docs/sharding.md)
     router_prefetch: Annotated[int, Field(ge=1, le=65535)] = 32  # trade messages in flight per router
+    # A shard queue holding more messages than this pauses the routers (0 = never): a surge
+    # then waits in the ingress, unstamped, not in the shard queues (docs/backpressure.md).
+    router_max_shard_backlog: Annotated[int, Field(ge=0)] = 500
     shard_checkpoint_ms: Annotated[float, Field(gt=0, le=60_000)] = 200.0  # delta + multiple-ack period
     shard_checkpoint_messages: Annotated[int, Field(ge=1, le=65535)] = 200  # ... or after this many messages
     shard_compact_seconds: Annotated[float, Field(gt=0)] = 30.0  # full snapshot, deltas trimmed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -107,3 +109,60 @@ def test_a_worker_warns_once_while_its_memory_is_above_max_rss_mib() -> None:
     warnings = [e for e in logs if e["event"] == "resident memory above max_rss_mib"]
     assert len(warnings) == 1, logs
     assert warnings[0]["max_rss_mib"] == 1 and warnings[0]["rss_mib"] > 1
+
+
+def _gauge(port: int, name: str) -> float:
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith(f"{name} ")))
+
+
+def test_a_router_pauses_on_backlogged_shard_queues_and_the_surge_waits_in_the_ingress(vhost, worker_env,
+                                                                                       tmp_path) -> None:
+    limit, prefetch, port = 4, 8, free_port()
+    env = dict(worker_env, ALDEBARAN_MODE="sharded", ALDEBARAN_SHARDS="2", ALDEBARAN_BOOK_TTL_SECONDS="2",
+               ALDEBARAN_ROUTER_MAX_SHARD_BACKLOG=str(limit), ALDEBARAN_ROUTER_PREFETCH=str(prefetch),
+               ALDEBARAN_BATCH_MAX_EVENTS="1", ALDEBARAN_SHARD_CHECKPOINT_MS="100")
+    # One order per message (request + purchase): a pause never splits an order, whose
+    # events would otherwise be stamped apart by the pause's length (docs/backpressure.md).
+    events = over_purchases(60, "surge")
+    declare_env = subprocess.run([sys.executable, "-m", "aldebaran.cli", "declare"], env=env,
+                                 capture_output=True, text=True, timeout=120)
+    assert declare_env.returncode == 0, declare_env.stderr
+    broker = Broker(vhost.amqp_url)
+    broker.tap_alerts()
+    broker.publish(events, batch=2)
+    with open(tmp_path / "router.log", "ab") as log:
+        router = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "router", "--metrics-port", str(port)],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if _gauge(port, "aldebaran_router_paused") == 1:
+                    break
+            except (OSError, StopIteration):
+                pass
+            time.sleep(0.1)
+        assert _gauge(port, "aldebaran_router_paused") == 1
+        # No shard worker: the router routed at most limit + 1 batches (one event each) per
+        # shard and holds at most its prefetch; the other messages are still in the ingress.
+        held_back = len(events) // 2 - 2 * (limit + 1) - prefetch
+        assert broker.depth("Aldebaran.Trade_Data") >= held_back
+        time.sleep(2)
+        assert broker.depth("Aldebaran.Trade_Data") >= held_back and _gauge(port, "aldebaran_router_paused") == 1
+
+        with open(tmp_path / "books.log", "ab") as log:
+            books = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "shard-books"],
+                                     env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            alerts = collect_alerts(broker, expected=60, timeout=90)
+            assert broker.depth("Aldebaran.Trade_Data") == 0
+        finally:
+            books.terminate()
+            books.wait(timeout=30)
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
+        broker.close()
+    assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected_alerts(events)}
+    assert "routing resumed" in (tmp_path / "router.log").read_text()

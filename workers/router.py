@@ -8,6 +8,16 @@ confirms. A trade message is acked only once every batch holding its events, and
 dead-letters, are confirmed: one `multiple` ack on the highest fully-confirmed tag.
 Unreadable input is dead-lettered exactly like the per-order aggregator does.
 
+When a shard queue holds more than `router_max_shard_backlog` messages (its depth sampled
+twice a second, plus what the router sent it since), the router stops routing: it holds
+the trade messages it has (at most `router_prefetch`) and the broker delivers no more, so
+a surge waits unstamped in the ingress, where `ingress_max_length` and `reject-publish`
+can tell publishers, instead of running ahead of the shard workers into their queues and
+their memory (a shard worker holds every order stamped within a ttl of its clock). It
+resumes, in order, at the first sample that finds every shard queue back at the limit or
+under: a pause stretches the ingest stamps of an order split across it by its length,
+so pauses are kept as short as the sampling allows (docs/backpressure.md). Heartbeats go on.
+
 Every `shard_heartbeat_ms` the router flushes its buffers and then publishes to EVERY
 shard queue, on the same confirm channel and so behind those batches, a heartbeat with
 its ingest clock T: no event it stamps from then on is stamped before T. Shard workers
@@ -23,7 +33,7 @@ import socket
 import time
 import uuid
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Sequence
 
 import aio_pika.abc
@@ -39,7 +49,7 @@ from aldebaran.core.shards import SHARD_BATCH, Segment, encode_batch
 from aldebaran.io import amqp
 from aldebaran.log import get_logger
 from aldebaran.runtime_tuning import tune_gc
-from aldebaran.metrics import BATCH_EVENTS, EVENTS_CONSUMED
+from aldebaran.metrics import BATCH_EVENTS, EVENTS_CONSUMED, ROUTER_PAUSED
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
 from declare.topology import TRADE_DATA, shard_queue, shard_queue_arguments
@@ -47,6 +57,7 @@ from workers.aggregator import PUBLISHED_HEADER, Aggregator
 from workers.runtime import Lifecycle
 
 log = get_logger("router")
+BACKLOG_SAMPLE_SECONDS = 0.5
 
 
 class RouterFailed(Exception):
@@ -85,6 +96,11 @@ class Router(Aggregator):
         self._heartbeat = settings.shard_heartbeat_ms / 1000.0
         self.router_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock_ms = 0  # newest ingest stamp handed out or promised (monotonic, epoch ms)
+        self._max_backlog = settings.router_max_shard_backlog  # 0 = never pause
+        self._depths = [0] * self.shards  # messages ready per shard queue, last sample
+        self._sent = [0] * self.shards  # batches sent per shard since that sample
+        self._held: deque[aio_pika.abc.AbstractIncomingMessage] = deque()  # paused: not routed yet, in order
+        self._paused_at: float | None = None
 
     def _stamp(self) -> int:
         """The ingest clock (epoch ms), never going back: a heartbeat's promise holds across NTP steps."""
@@ -101,6 +117,8 @@ class Router(Aggregator):
         self._acked_sent = 0
         self._failed = asyncio.Event()
         self._tasks = set()
+        self._held.clear()  # the previous channel's: the broker redelivers them
+        self._sent = [0] * self.shards
         channel = await connection.channel(publisher_confirms=True)
         await declare_async(channel, self.settings)
         arguments = shard_queue_arguments(self.settings)
@@ -117,6 +135,8 @@ class Router(Aggregator):
                  batch_max_events=self._max_events, linger_ms=self.settings.batch_linger_ms)
         life.ready()
         beats = asyncio.ensure_future(self._heartbeats())
+        sampler = asyncio.ensure_future(self._sample_backlog(await connection.channel())) \
+            if self._max_backlog else None
         failed = asyncio.ensure_future(self._failed.wait())
         ended_wait = asyncio.ensure_future(ended.wait())
         try:
@@ -125,6 +145,9 @@ class Router(Aggregator):
             beats.cancel()
             failed.cancel()
             ended_wait.cancel()
+            if sampler is not None:
+                sampler.cancel()
+            self._resumed()
         if not inbound.is_closed:
             try:
                 await queue.cancel(tag)
@@ -140,6 +163,17 @@ class Router(Aggregator):
 
     async def on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         """Decode one trade message into the shard buffers (no await on the happy path)."""
+        if self._max_backlog and (self._held or self._backlogged(self._max_backlog)):
+            self._held.append(message)
+            if self._paused_at is None:
+                self._paused_at = time.monotonic()
+                ROUTER_PAUSED.set(1)
+                log.warning("shard queues backlogged: routing paused, the surge waits in the ingress",
+                            shard_backlog=max(self._depths), limit=self._max_backlog)
+            return
+        self._take(message)
+
+    def _take(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         tracker = self._tracker
         delivery_tag = message.delivery_tag
         assert delivery_tag is not None
@@ -191,6 +225,37 @@ class Router(Aggregator):
         if self._timer is None and any(b.segments for b in self._buffers):
             self._timer = asyncio.get_running_loop().call_later(self._linger, self._flush_all)
 
+    def _backlogged(self, limit: int) -> bool:
+        return any(depth + sent > limit for depth, sent in zip(self._depths, self._sent))
+
+    async def _sample_backlog(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        """Shard queue depths twice a second; resume routing once none is over the limit."""
+        underlay = await channel.get_underlay_channel()
+        try:
+            while True:
+                for shard, name in enumerate(self.queues):
+                    declared = await underlay.queue_declare(name, passive=True)
+                    self._depths[shard], self._sent[shard] = declared.message_count or 0, 0
+                if self._held and not self._backlogged(self._max_backlog):
+                    while self._held and not self._failed.is_set():
+                        self._take(self._held.popleft())
+                    self._resumed()
+                await asyncio.sleep(BACKLOG_SAMPLE_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. the connection died: the session restarts
+            self._fail(f"shard queue depths unreadable: {exc!r}")
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    def _resumed(self) -> None:
+        if self._paused_at is not None:
+            log.info("shard queues drained: routing resumed",
+                     paused_seconds=round(time.monotonic() - self._paused_at, 1))
+            self._paused_at = None
+            ROUTER_PAUSED.set(0)
+
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self._heartbeat)
@@ -237,6 +302,7 @@ class Router(Aggregator):
     def _flush(self, shard: int) -> None:
         buffer = self._buffers[shard]
         self._buffers[shard] = _Buffer()
+        self._sent[shard] += 1
         BATCH_EVENTS.labels(stage="shard").observe(buffer.events)
         self._spawn(self._publish(shard, encode_batch(buffer.segments), buffer.tags))
 
