@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from aldebaran.core.shards import SHARD_BATCH, decode_batch
 from aldebaran.errors import PublishRefused
 from aldebaran.io.publisher import Body, publish_bodies
 from aldebaran.metrics import PUBLISH_NACKS
@@ -119,7 +120,8 @@ def _gauge(port: int, name: str) -> float:
 def test_a_router_pauses_on_backlogged_shard_queues_and_the_surge_waits_in_the_ingress(vhost, worker_env,
                                                                                        tmp_path) -> None:
     limit, prefetch, port = 4, 8, free_port()
-    env = dict(worker_env, ALDEBARAN_MODE="sharded", ALDEBARAN_SHARDS="2", ALDEBARAN_BOOK_TTL_SECONDS="2",
+    # ttl 40 s: one hold lasts up to 10 s (a quarter), longer than the checks below.
+    env = dict(worker_env, ALDEBARAN_MODE="sharded", ALDEBARAN_SHARDS="2", ALDEBARAN_BOOK_TTL_SECONDS="40",
                ALDEBARAN_ROUTER_MAX_SHARD_BACKLOG=str(limit), ALDEBARAN_ROUTER_PREFETCH=str(prefetch),
                ALDEBARAN_BATCH_MAX_EVENTS="1", ALDEBARAN_SHARD_CHECKPOINT_MS="100")
     # One order per message (request + purchase): a pause never splits an order, whose
@@ -166,3 +168,46 @@ def test_a_router_pauses_on_backlogged_shard_queues_and_the_surge_waits_in_the_i
         broker.close()
     assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected_alerts(events)}
     assert "routing resumed" in (tmp_path / "router.log").read_text()
+
+
+def _routed(port: int) -> float:
+    """Events the router has routed (its consumed counter, every event type)."""
+    try:
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.split()[1]) for line in metrics.splitlines()
+               if line.startswith("aldebaran_events_consumed_total{"))
+
+
+def test_a_router_hold_never_outlasts_a_quarter_of_the_book_ttl(vhost, worker_env, tmp_path) -> None:
+    """A pause stretches the ingest stamps of an order split across it: it is bounded by ttl / 4."""
+    port = free_port()
+    env = dict(worker_env, ALDEBARAN_MODE="sharded", ALDEBARAN_SHARDS="2", ALDEBARAN_BOOK_TTL_SECONDS="4",
+               ALDEBARAN_ROUTER_MAX_SHARD_BACKLOG="2", ALDEBARAN_ROUTER_PREFETCH="4", ALDEBARAN_BATCH_MAX_EVENTS="1")
+    declared = subprocess.run([sys.executable, "-m", "aldebaran.cli", "declare"], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert declared.returncode == 0, declared.stderr
+    broker = Broker(vhost.amqp_url)
+    broker.publish(over_purchases(20, "hold"), batch=2)  # 20 messages, far over the backlog limit
+    with open(tmp_path / "router.log", "ab") as log:
+        router = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "router", "--metrics-port", str(port)],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # No shard worker ever drains the shard queues, yet the ingress empties, a few held
+        # messages at a time, one hold per second at most (ttl 4 s / 4), while the router
+        # stays throttled.
+        deadline = time.monotonic() + 90
+        while _routed(port) < 40 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _routed(port) == 40 and broker.depth("Aldebaran.Trade_Data") == 0
+        assert _gauge(port, "aldebaran_router_paused") == 1
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
+    batches = [body for shard in ("book-shard-0", "book-shard-1") for properties, body in broker.drain(shard)
+               if properties.content_type == SHARD_BATCH]
+    broker.close()
+    # Every message routed exactly once (one segment each: an order's two events), none dropped by a hold.
+    assert sorted(len(decode_batch(body)) for body in batches) == [1] * 20
+    assert "routing paused" in (tmp_path / "router.log").read_text()

@@ -15,8 +15,9 @@ a surge waits unstamped in the ingress, where `ingress_max_length` and `reject-p
 can tell publishers, instead of running ahead of the shard workers into their queues and
 their memory (a shard worker holds every order stamped within a ttl of its clock). It
 resumes, in order, at the first sample that finds every shard queue back at the limit or
-under: a pause stretches the ingest stamps of an order split across it by its length,
-so pauses are kept as short as the sampling allows (docs/backpressure.md). Heartbeats go on.
+under. A pause stretches the ingest stamps of an order split across it by its length, so
+no pause lasts longer than a quarter of the shortest book ttl: then the held messages are
+routed anyway and the next pause begins (docs/backpressure.md). Heartbeats go on.
 
 Every `shard_heartbeat_ms` the router flushes its buffers and then publishes to EVERY
 shard queue, on the same confirm channel and so behind those batches, a heartbeat with
@@ -97,10 +98,19 @@ class Router(Aggregator):
         self.router_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock_ms = 0  # newest ingest stamp handed out or promised (monotonic, epoch ms)
         self._max_backlog = settings.router_max_shard_backlog  # 0 = never pause
-        self._depths = [0] * self.shards  # messages ready per shard queue, last sample
-        self._sent = [0] * self.shards  # batches sent per shard since that sample
+        # Per shard: messages ready at the last depth sample, batches flushed ever, batches
+        # confirmed ever, and confirmed before that sample's declare went out. Ready now
+        # is at most depth + flushed - confirmed-at-sample (in flight counted, none lost).
+        self._depths = [0] * self.shards
+        self._flushed = [0] * self.shards
+        self._confirmed = [0] * self.shards
+        self._confirmed_at_sample = [0] * self.shards
         self._held: deque[aio_pika.abc.AbstractIncomingMessage] = deque()  # paused: not routed yet, in order
-        self._paused_at: float | None = None
+        self._paused_at: float | None = None  # when the current hold began
+        self._throttled_at: float | None = None  # when this episode of holds began (log, gauge)
+        self._forced = 0  # holds of this episode released at the pause limit, not by the backlog
+        ttl = min(rule.ttl_seconds(settings.book_ttl_seconds) for rule in rules)
+        self._max_pause = max(0.0, ttl / 4 - BACKLOG_SAMPLE_SECONDS)  # + one sample = ttl / 4
 
     def _stamp(self) -> int:
         """The ingest clock (epoch ms), never going back: a heartbeat's promise holds across NTP steps."""
@@ -118,7 +128,8 @@ class Router(Aggregator):
         self._failed = asyncio.Event()
         self._tasks = set()
         self._held.clear()  # the previous channel's: the broker redelivers them
-        self._sent = [0] * self.shards
+        self._flushed, self._confirmed = [0] * self.shards, [0] * self.shards
+        self._depths, self._confirmed_at_sample = [0] * self.shards, [0] * self.shards
         channel = await connection.channel(publisher_confirms=True)
         await declare_async(channel, self.settings)
         arguments = shard_queue_arguments(self.settings)
@@ -167,9 +178,12 @@ class Router(Aggregator):
             self._held.append(message)
             if self._paused_at is None:
                 self._paused_at = time.monotonic()
+            if self._throttled_at is None:
+                self._throttled_at = self._paused_at
                 ROUTER_PAUSED.set(1)
                 log.warning("shard queues backlogged: routing paused, the surge waits in the ingress",
-                            shard_backlog=max(self._depths), limit=self._max_backlog)
+                            shard_backlog=max(self._depths), limit=self._max_backlog,
+                            max_pause_seconds=round(self._max_pause + BACKLOG_SAMPLE_SECONDS, 1))
             return
         self._take(message)
 
@@ -226,19 +240,26 @@ class Router(Aggregator):
             self._timer = asyncio.get_running_loop().call_later(self._linger, self._flush_all)
 
     def _backlogged(self, limit: int) -> bool:
-        return any(depth + sent > limit for depth, sent in zip(self._depths, self._sent))
+        return any(depth + flushed - confirmed > limit for depth, flushed, confirmed
+                   in zip(self._depths, self._flushed, self._confirmed_at_sample))
 
     async def _sample_backlog(self, channel: aio_pika.abc.AbstractChannel) -> None:
-        """Shard queue depths twice a second; resume routing once none is over the limit."""
+        """Shard queue depths twice a second; route what is held once no queue is over the
+        limit (the episode ends) or once the hold reaches the pause limit (it goes on)."""
         underlay = await channel.get_underlay_channel()
         try:
             while True:
                 for shard, name in enumerate(self.queues):
+                    confirmed = self._confirmed[shard]
                     declared = await underlay.queue_declare(name, passive=True)
-                    self._depths[shard], self._sent[shard] = declared.message_count or 0, 0
-                if self._held and not self._backlogged(self._max_backlog):
+                    self._depths[shard], self._confirmed_at_sample[shard] = declared.message_count or 0, confirmed
+                backlogged = self._backlogged(self._max_backlog)
+                if self._held and (not backlogged or time.monotonic() - (self._paused_at or 0) >= self._max_pause):
                     while self._held and not self._failed.is_set():
                         self._take(self._held.popleft())
+                    self._paused_at = None
+                    self._forced += backlogged
+                if not backlogged and not self._held:
                     self._resumed()
                 await asyncio.sleep(BACKLOG_SAMPLE_SECONDS)
         except asyncio.CancelledError:
@@ -250,11 +271,13 @@ class Router(Aggregator):
                 await channel.close()
 
     def _resumed(self) -> None:
-        if self._paused_at is not None:
+        if self._throttled_at is not None:
             log.info("shard queues drained: routing resumed",
-                     paused_seconds=round(time.monotonic() - self._paused_at, 1))
-            self._paused_at = None
+                     throttled_seconds=round(time.monotonic() - self._throttled_at, 1),
+                     holds_released_at_the_pause_limit=self._forced)
             ROUTER_PAUSED.set(0)
+        self._paused_at = self._throttled_at = None
+        self._forced = 0
 
     async def _heartbeats(self) -> None:
         while True:
@@ -302,7 +325,7 @@ class Router(Aggregator):
     def _flush(self, shard: int) -> None:
         buffer = self._buffers[shard]
         self._buffers[shard] = _Buffer()
-        self._sent[shard] += 1
+        self._flushed[shard] += 1
         BATCH_EVENTS.labels(stage="shard").observe(buffer.events)
         self._spawn(self._publish(shard, encode_batch(buffer.segments), buffer.tags))
 
@@ -319,6 +342,7 @@ class Router(Aggregator):
         if not isinstance(confirm, spec.Basic.Ack):
             self._fail(f"shard batch refused by the broker: {confirm!r}")
             return
+        self._confirmed[shard] += 1
         for tag in tags:
             self._release(tag)
 
