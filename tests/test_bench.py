@@ -57,6 +57,24 @@ def test_recovery_needs_consecutive_buckets_under_the_target() -> None:
     timeline = [(0.0, 900.0), (1.0, 4.0), (2.0, 30.0), (3.0, 4.5), (4.0, 3.0), (5.0, 2.0), (6.0, 1.0)]
     assert recovered_at(timeline, target_ms=5.0, run=3) == 3.0
     assert recovered_at(timeline[:5], target_ms=5.0, run=3) is None
+    assert recovered_at([(0.0, 5.0), (1.0, 5.0), (2.0, 4.0)], target_ms=5.0, run=3) is None
+    assert recovered_at([(0.0, 5.0), (1.0, 5.0), (2.0, 4.0)], target_ms=5.0, run=3, inclusive=True) == 0.0
+
+
+def test_overload_section_reports_the_baseline_and_both_recovery_figures() -> None:
+    """The 5-ms row stays as it was; the pre-surge baseline and the time back to it are rows of their own."""
+    from aldebaran.bench.overload import Overload
+    from aldebaran.bench.report import overload_markdown
+
+    result = Overload(bound_mib=768, capacity=16_000, baseline_seconds=20, recovery_timeout=300,
+                      recovery_seconds=300, p99_baseline={"p50": 19.2, "p99": 40.3, "max": 47.8},
+                      baseline_target_ms=50.4, back_to_baseline_after=61.0)
+    rows = _table(overload_markdown(result, "aldebaran bench --scenario overload", "context"))
+    assert rows["p99 → book back under 5 ms"][0] == "not within 300 s after the surge ended"
+    assert rows["p99 → book back under 5 ms"][2] == "**NO**"
+    back = rows["p99 → book back to its pre-surge level"]
+    assert back[0] == "61.0 s after the surge ended" and "≤ 50.4 ms" in back[1] and back[2] == "ok"
+    assert rows["latency → book p50 / p99 / max, baseline before the surge"][0] == "19.2 / 40.3 / 47.8 ms"
 
 
 def test_each_bench_writer_keeps_the_other_section(tmp_path) -> None:
@@ -112,6 +130,9 @@ def test_bench_overload_scenario_loses_nothing_and_stays_under_the_memory_bound(
     published, in_book = (int(n.replace(",", "")) for n in counts.split(" / "))
     assert published > 0 and in_book >= published
     assert re.match(r"^[\d,]+ events not yet in a book \([\d,]+ messages queued", rows["backlog peak"][0])
+    baseline = rows["latency → book p50 / p99 / max, baseline before the surge"][0]
+    assert re.match(r"^[\d.,]+ / [\d.,]+ / [\d.,]+ ms$", baseline), baseline
+    assert "p99 → book back to its pre-surge level" in rows
     for process in ("up", "router", "shard-books"):
         peak, bound, within = rows[process]
         assert bound == "768" and 0 < float(peak.replace(",", "")) < 768 and within == "ok", (process, rows[process])

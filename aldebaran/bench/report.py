@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from aldebaran.bench.overload import P99_TARGET_MS, RECOVERED_BUCKETS, Overload
+from aldebaran.bench.overload import BASELINE_MARGIN, P99_TARGET_MS, RECOVERED_BUCKETS, Overload
 from aldebaran.bench.phases import Result
 
 BEGIN = "<!-- bench:begin (written by `aldebaran bench`) -->"
@@ -93,7 +93,8 @@ def overload_markdown(o: Overload, command: str, context: str) -> str:
              f"| surge | {o.capacity * o.surge_factor:,.0f} events/s asked, {o.surge_offered:,.0f} confirmed, "
              f"for {o.surge_seconds:g} s | {o.surge_factor:g} × capacity | – |",
              f"| recovery load | {o.capacity * o.recovery_factor:,.0f} events/s for {o.recovery_seconds:.0f} s "
-             f"| {o.recovery_factor:g} × capacity, until p99 recovered or {o.recovery_timeout:g} s | – |",
+             f"| {o.recovery_factor:g} × capacity, until p99 is back under {P99_TARGET_MS:g} ms and to its "
+             f"pre-surge level, or {o.recovery_timeout:g} s | – |",
              f"| events published / in a book | {o.published:,} / {o.processed:,} (late: {o.late:,}) | – | – |",
              f"| events lost | {o.lost:,} | 0 | {ok[o.lost == 0]} |",
              f"| alerts wrong | {o.alerts.wrong:,} | 0 | {ok[o.alerts.wrong == 0]} |",
@@ -109,6 +110,13 @@ def overload_markdown(o: Overload, command: str, context: str) -> str:
              f"| p99 → book back under {P99_TARGET_MS:g} ms | {_seconds(o.recovered_after, o.recovery_seconds)} "
              f"after the surge ended | {RECOVERED_BUCKETS} consecutive 1-s buckets under {P99_TARGET_MS:g} ms "
              f"| {ok[o.recovered_after is not None]} |",
+             f"| p99 → book back to its pre-surge level | {_seconds(o.back_to_baseline_after, o.recovery_seconds)} "
+             f"after the surge ended | {RECOVERED_BUCKETS} consecutive 1-s buckets ≤ {o.baseline_target_ms:,.1f} ms "
+             f"(max of {P99_TARGET_MS:g} ms and {BASELINE_MARGIN:g} × the baseline's p99) "
+             f"| {ok[o.back_to_baseline_after is not None]} |",
+             f"| latency → book p50 / p99 / max, baseline before the surge | {_p(o.p99_baseline)} ms "
+             f"| {o.recovery_factor:g} × capacity for {o.baseline_seconds:g} s after a full drain, "
+             f"straight into the surge | – |",
              f"| latency → book p50 / p99 / max, during the surge | {_p(o.p99_surge)} ms | – | – |",
              f"| latency → book p50 / p99 / max, {'once recovered' if o.recovered_after is not None else 'last 10 s'} "
              f"| {_p(o.p99_after)} ms | {P99_TARGET_MS:g} ms p99 | – |",
@@ -128,7 +136,7 @@ def overload_markdown(o: Overload, command: str, context: str) -> str:
         if t >= mark:
             every.append(f"+{t:.0f} s {p99:,.1f}")
             mark = (t // TIMELINE_STEP + 1) * TIMELINE_STEP
-    lines += ["", "CPU (cores, surge + recovery): " + (_cpu_text(o.cpu) or "–") + ".", "",
+    lines += ["", "CPU (cores, baseline + surge + recovery): " + (_cpu_text(o.cpu) or "–") + ".", "",
               f"p99 → book (ms) of 1-s buckets after the surge ended, one per {TIMELINE_STEP:.0f} s: "
               + ("; ".join(every) or "–") + "."]
     for name, ids, count in (("wrong", o.wrong_examples, o.alerts.wrong),
