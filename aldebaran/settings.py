@@ -189,9 +189,12 @@ class Settings(BaseSettings):
     router_prefetch: Annotated[int, Field(ge=1, le=65535)] = 32  # trade messages in flight per router
     # A shard queue holding more messages than this pauses the routers (0 = never): a surge
     # then waits in the ingress, unstamped, not in the shard queues (docs/backpressure.md).
-    router_max_shard_backlog: Annotated[int, Field(ge=0)] = 500
+    router_max_shard_backlog: Annotated[int, Field(ge=0)] = 200
     shard_checkpoint_ms: Annotated[float, Field(gt=0, le=60_000)] = 200.0  # delta + multiple-ack period
     shard_checkpoint_messages: Annotated[int, Field(ge=1, le=65535)] = 200  # ... or after this many messages
+    # Shard messages a worker holds unacked per shard: more than a checkpoint's worth, and no
+    # more, because a router sees only what is ready, not what a worker prefetched.
+    shard_prefetch: Annotated[int, Field(ge=2, le=65535)] = 300
     shard_compact_seconds: Annotated[float, Field(gt=0)] = 30.0  # full snapshot, deltas trimmed
     shard_done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
     # ... but at most this many per shard book worker (170-210 bytes each): past it the oldest
@@ -242,6 +245,14 @@ class Settings(BaseSettings):
         if dupes:
             raise ValueError(f"channel names must be unique, repeated: {', '.join(dupes)}")
         return value
+
+    @model_validator(mode="after")
+    def _prefetch_covers_a_checkpoint(self) -> "Settings":
+        if self.shard_prefetch <= self.shard_checkpoint_messages:
+            raise ValueError(f"shard_prefetch ({self.shard_prefetch}) must exceed shard_checkpoint_messages "
+                             f"({self.shard_checkpoint_messages}): a shard worker would wait for the "
+                             f"checkpoint timer with its prefetch full")
+        return self
 
     @model_validator(mode="after")
     def _options_name_configured_apps(self) -> "Settings":

@@ -443,7 +443,7 @@ class ShardBookWorker:
 
     async def _consume(self, connection: aio_pika.abc.AbstractConnection, shard: int) -> None:
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=self.settings.book_prefetch)
+        await channel.set_qos(prefetch_count=self.settings.shard_prefetch)
         underlay = await channel.get_underlay_channel()
         consumer = ShardConsumer(self, shard, underlay)
         self.consumers[shard] = consumer

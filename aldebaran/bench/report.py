@@ -79,9 +79,9 @@ def _p(values: dict[str, float]) -> str:
 
 
 def _first_half(o: Overload) -> str:
-    """The calibration's first-half rate beside the capacity: a fall between them is the reason
-    only the last half counts."""
-    return f" (first half: {o.capacity_first_half:,.0f})" if o.capacity_first_half else ""
+    """The rate into books in the calibration's first half beside the capacity: how far the
+    intake of a fresh pipeline overstates what it finishes."""
+    return f" (intake in the first half: {o.capacity_first_half:,.0f})" if o.capacity_first_half else ""
 
 
 def overload_markdown(o: Overload, command: str, context: str) -> str:
