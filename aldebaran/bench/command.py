@@ -49,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="overload: the pipeline's capacity in events/s (default: measure it first)")
     parser.add_argument("--calibrate-seconds", type=float, default=60.0,
                         help="overload: capacity measurement at saturation; the rate of its last half counts")
+    parser.add_argument("--baseline-seconds", type=float, default=20.0,
+                        help="overload: time at the recovery load right before the surge (the p99 to recover to)")
     parser.add_argument("--surge-seconds", type=float, default=60.0, help="overload: time at 2x capacity")
     parser.add_argument("--surge-factor", type=float, default=2.0)
     parser.add_argument("--recovery-factor", type=float, default=0.5)
@@ -74,6 +76,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         args.latency_rate = min(args.latency_rate, 20_000)
         args.calibrate_seconds, args.surge_seconds = min(args.calibrate_seconds, 3.0), min(args.surge_seconds, 3.0)
         args.recovery_timeout = min(args.recovery_timeout, 15.0)
+        args.baseline_seconds = min(args.baseline_seconds, 3.0)
     updates: dict[str, object] = {}
     if args.shards:
         updates["shards"] = args.shards
@@ -182,7 +185,8 @@ def _overload(args: argparse.Namespace, settings: Settings, workload: Workload, 
         result = asyncio.run(overload(
             settings, workload, report, capacity=args.capacity, calibrate_seconds=args.calibrate_seconds,
             surge_seconds=args.surge_seconds, surge_factor=args.surge_factor,
-            recovery_factor=args.recovery_factor, recovery_timeout=args.recovery_timeout, ttl=args.ttl))
+            recovery_factor=args.recovery_factor, recovery_timeout=args.recovery_timeout, ttl=args.ttl,
+            baseline_seconds=args.baseline_seconds))
     context = (f"{_when(load, os.getloadavg())}. Sharded mode, `up --aggregators 1 --book-workers 1` (router "
                f"and shard book worker in their own processes, lookout in `up`); shards {settings.shards}, ingress "
                f"batch {args.batch} events (msgpack), book ttl {args.ttl} s, max_rss_mib {settings.max_rss_mib}.")
