@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -20,7 +18,8 @@ from aldebaran.publish import batches
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import expected_alerts
 from declare.declarer import declare
-from tests.support.pipeline import Broker, alert_counts, collect_alerts, running
+from tests.support.pipeline import Broker, alert_counts, collect_alerts, running, worker
+from tests.support.pipeline import declare as declare_in
 
 
 def free_port() -> int:
@@ -127,16 +126,11 @@ def test_a_router_pauses_on_backlogged_shard_queues_and_the_surge_waits_in_the_i
     # One order per message (request + purchase): a pause never splits an order, whose
     # events would otherwise be stamped apart by the pause's length (docs/backpressure.md).
     events = over_purchases(60, "surge")
-    declare_env = subprocess.run([sys.executable, "-m", "aldebaran.cli", "declare"], env=env,
-                                 capture_output=True, text=True, timeout=120)
-    assert declare_env.returncode == 0, declare_env.stderr
+    declare_in(env)
     broker = Broker(vhost.amqp_url)
     broker.tap_alerts()
     broker.publish(events, batch=2)
-    with open(tmp_path / "router.log", "ab") as log:
-        router = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "router", "--metrics-port", str(port)],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with worker(env, tmp_path / "router.log", "router", "--metrics-port", str(port)):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -153,19 +147,10 @@ def test_a_router_pauses_on_backlogged_shard_queues_and_the_surge_waits_in_the_i
         time.sleep(2)
         assert broker.depth("Aldebaran.Trade_Data") >= held_back and _gauge(port, "aldebaran_router_paused") == 1
 
-        with open(tmp_path / "books.log", "ab") as log:
-            books = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "shard-books"],
-                                     env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
+        with worker(env, tmp_path / "books.log", "shard-books"):
             alerts = collect_alerts(broker, expected=60, timeout=90)
             assert broker.depth("Aldebaran.Trade_Data") == 0
-        finally:
-            books.terminate()
-            books.wait(timeout=30)
-    finally:
-        router.terminate()
-        router.wait(timeout=30)
-        broker.close()
+    broker.close()
     assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected_alerts(events)}
     assert "routing resumed" in (tmp_path / "router.log").read_text()
 
@@ -185,15 +170,10 @@ def test_a_router_hold_never_outlasts_a_quarter_of_the_book_ttl(vhost, worker_en
     port = free_port()
     env = dict(worker_env, ALDEBARAN_MODE="sharded", ALDEBARAN_SHARDS="2", ALDEBARAN_BOOK_TTL_SECONDS="4",
                ALDEBARAN_ROUTER_MAX_SHARD_BACKLOG="2", ALDEBARAN_ROUTER_PREFETCH="4", ALDEBARAN_BATCH_MAX_EVENTS="1")
-    declared = subprocess.run([sys.executable, "-m", "aldebaran.cli", "declare"], env=env,
-                              capture_output=True, text=True, timeout=120)
-    assert declared.returncode == 0, declared.stderr
+    declare_in(env)
     broker = Broker(vhost.amqp_url)
     broker.publish(over_purchases(20, "hold"), batch=2)  # 20 messages, far over the backlog limit
-    with open(tmp_path / "router.log", "ab") as log:
-        router = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "router", "--metrics-port", str(port)],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with worker(env, tmp_path / "router.log", "router", "--metrics-port", str(port)):
         # No shard worker ever drains the shard queues, yet the ingress empties, a few held
         # messages at a time, one hold per second at most (ttl 4 s / 4), while the router
         # stays throttled.
@@ -202,9 +182,6 @@ def test_a_router_hold_never_outlasts_a_quarter_of_the_book_ttl(vhost, worker_en
             time.sleep(0.2)
         assert _routed(port) == 40 and broker.depth("Aldebaran.Trade_Data") == 0
         assert _gauge(port, "aldebaran_router_paused") == 1
-    finally:
-        router.terminate()
-        router.wait(timeout=30)
     batches = [body for shard in ("book-shard-0", "book-shard-1") for properties, body in broker.drain(shard)
                if properties.content_type == SHARD_BATCH]
     broker.close()

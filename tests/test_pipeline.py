@@ -10,7 +10,7 @@ import time
 
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
-from tests.support.pipeline import Pipeline, alert_counts, collect_alerts, running
+from tests.support.pipeline import Pipeline, alert_counts, collect_alerts, running, worker
 
 DOC = [
     b"id:1\n# shares: 100\nclient: Sendence\nstock: AAPL\n",
@@ -98,14 +98,8 @@ def test_sigkill_mid_stream_then_restart_loses_and_duplicates_nothing(broker, wo
 
 
 def test_a_book_that_starts_after_its_deadline_counts_what_was_stamped_in_time(broker, worker_env, tmp_path) -> None:
-    import subprocess
-    import sys
-
     env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="2", ALDEBARAN_BOOK_CLOSE_DELAY_SECONDS="0")
-    log = open(tmp_path / "workers.log", "ab")
-    aggregator = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "aggregator"],
-                                  env=env, stdout=log, stderr=log)
-    try:
+    with worker(env, tmp_path / "aggregator.log", "aggregator"):
         # Many purchases first, the request last, all stamped within the book's lifetime:
         # a late book must read its whole queue before it closes.
         purchases = [Purchase(f"late-{n}", "slow", 1, "c", "s") for n in range(300)]
@@ -115,14 +109,6 @@ def test_a_book_that_starts_after_its_deadline_counts_what_was_stamped_in_time(b
             time.sleep(0.1)
         assert broker.depth("book-slow") == 301
         time.sleep(2.5)  # the book's deadline passes before any book manager runs
-        books = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", "books"],
-                                 env=env, stdout=log, stderr=log)
-        try:
+        with worker(env, tmp_path / "books.log", "books"):
             alerts = collect_alerts(broker, expected=1, timeout=30, settle=3)
-        finally:
-            books.terminate()
-            books.wait(timeout=30)
-    finally:
-        aggregator.terminate()
-        aggregator.wait(timeout=30)
     assert [a["alert_id"] for a in alerts] == ["over_purchase:slow"]

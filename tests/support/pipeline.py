@@ -71,6 +71,19 @@ def running(env: dict[str, str], log_path: Path, *args: str) -> Iterator[Pipelin
             pipeline.stop()
 
 
+@contextmanager
+def worker(env: dict[str, str], log_path: Path, *args: str) -> Iterator[subprocess.Popen]:
+    """One `aldebaran run <args>` process (a single worker of the fleet), stopped with SIGTERM."""
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", *args],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 def declare(env: dict[str, str]) -> None:
     result = subprocess.run([sys.executable, "-m", "aldebaran.cli", "declare"], env=env,
                             capture_output=True, text=True, timeout=120)
