@@ -65,6 +65,8 @@ def test_a_capped_shard_forgets_its_oldest_markers_and_says_how_many() -> None:
         shard.offer("trade_limits", PurchaseRequest(order, 10, "c", "s"), float(n), NOW)
         shard.close_due(n + 3.5, NOW)  # each order's book closes one tick after it opened
     assert len(shard.done) == 2 and shard.done.evicted == 3
+    assert shard.done.take_evicted() == 3 and shard.done.take_evicted() == 0  # what a counter adds, once
+    assert shard.done.remembered_seconds == 1.0  # d and e closed a second apart: the cap shrank 600 s to that
     late = shard.offer("trade_limits", Purchase("e1", "e", 50, "c", "s"), 9.0, NOW)
     assert late.outcome is Outcome.LATE  # remembered: still late
     reopened = shard.offer("trade_limits", Purchase("a1", "a", 50, "c", "s"), 9.0, NOW)

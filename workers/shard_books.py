@@ -370,7 +370,6 @@ class ShardBookWorker:
         self._counts = [0, 0, 0]
         # Per shard, so a worker holding every shard holds at most shard_done_max_markers.
         self.done_cap_per_shard = max(1, settings.shard_done_max_markers // settings.shards)
-        self._forgotten: dict[int, int] = {}  # shard -> its store's `evicted` already counted
 
     def new_state(self) -> ShardBooks:
         return ShardBooks(self.rules, self.settings.book_ttl_seconds,
@@ -481,20 +480,14 @@ class ShardBookWorker:
         BOOKS_OPEN.set(sum(len(state.books) for state in states.values()))
         DONE_MARKERS.set(sum(len(state.done) for state in states.values()))
         for shard, state in states.items():
-            forgotten = state.done.evicted - self._forgotten.get(shard, 0)
-            if forgotten > 0:
-                if not self._forgotten.get(shard):
+            forgotten = state.done.take_evicted()
+            if forgotten:
+                if forgotten == state.done.evicted:  # this shard's store's first: say it once
                     log.warning("done markers at their cap: forgetting the oldest before their retention",
                                 shard=shard, cap=self.done_cap_per_shard,
-                                remembered_seconds=round(self._remembered_seconds(state), 1))
-                self._forgotten[shard] = state.done.evicted
+                                remembered_seconds=round(state.done.remembered_seconds, 1))
                 DONE_MARKERS_FORGOTTEN.inc(forgotten)
         self.samples.flush()
-
-    def _remembered_seconds(self, state: ShardBooks) -> float:
-        """How far back the shard still recognises late events (the retention, shrunk by the cap)."""
-        oldest, newest = state.done.oldest_expiry, state.done.newest_expiry
-        return 0.0 if oldest is None or newest is None else newest - oldest
 
     async def _final_checkpoints(self) -> None:
         """Graceful stop: cancel nothing mid-way; checkpoint and ack what was processed."""

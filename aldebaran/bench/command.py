@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--capacity", type=float, default=0.0,
                         help="overload: the pipeline's capacity in events/s (default: measure it first)")
     parser.add_argument("--calibrate-seconds", type=float, default=60.0,
-                        help="overload: capacity measurement at saturation; the rate of its last half counts")
+                        help="overload: capacity measurement: this long at saturation, then its drain")
     parser.add_argument("--baseline-seconds", type=float, default=20.0,
                         help="overload: time at the recovery load right before the surge (the p99 to recover to)")
     parser.add_argument("--surge-seconds", type=float, default=60.0, help="overload: time at 2x capacity")

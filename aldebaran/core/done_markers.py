@@ -27,6 +27,7 @@ class DoneMarkers:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.evicted = 0  # keys forgotten before their expiry because of the cap (cumulative)
+        self._evicted_taken = 0
         self._keys: dict[str, set[str]] = {}
         self._groups: deque[DoneGroup] = deque()  # oldest expiry first; the last one may grow
         self._count = 0
@@ -70,13 +71,14 @@ class DoneMarkers:
             self._count -= len(group.keys)
 
     @property
-    def oldest_expiry(self) -> float | None:
-        """The expiry of the oldest key held: how far back late events are still recognised."""
-        return self._groups[0].expires_at if self._groups else None
+    def remembered_seconds(self) -> float:
+        """How far back late events are still recognised: the retention, or less past the cap."""
+        return self._groups[-1].expires_at - self._groups[0].expires_at if self._groups else 0.0
 
-    @property
-    def newest_expiry(self) -> float | None:
-        return self._groups[-1].expires_at if self._groups else None
+    def take_evicted(self) -> int:
+        """Keys the cap forgot since the last take (for a counter: this store's own tally)."""
+        fresh, self._evicted_taken = self.evicted - self._evicted_taken, self.evicted
+        return fresh
 
     def groups(self) -> list[DoneGroup]:
         """Every group, oldest first (for a snapshot: encoded as they are, no copy per key)."""
