@@ -24,7 +24,7 @@ DOC_EXAMPLE = [
 ]
 
 
-MODE_LABELS = {"per-order": "iteration-5 per-order mode", "sharded": "sharded mode"}
+MODE_LABELS = {"per-order": "iteration-5 per-order reference mode", "engine": "engine mode"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

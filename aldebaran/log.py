@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import structlog
@@ -13,8 +14,8 @@ from aldebaran.settings import mask_url
 
 def _mask_secrets(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     for key, value in event_dict.items():
-        if isinstance(value, str) and "://" in value:
-            event_dict[key] = mask_url(value)
+        if isinstance(value, str) and ("://" in value or "=" in value):
+            event_dict[key] = mask_url(value)  # userinfo passwords and secret query values
         elif isinstance(value, BaseException):
             event_dict[key] = mask_url(repr(value))
     return event_dict
@@ -62,3 +63,29 @@ def _mask_exception_text(_: Any, __: str, event_dict: dict[str, Any]) -> dict[st
 def get_logger(name: str, **context: Any) -> structlog.stdlib.BoundLogger:
     """A logger bound to a component name (and any fixed context)."""
     return structlog.get_logger(component=name, **context)
+
+
+class Throttle:
+    """At most one log line per `key` each `interval` seconds, with how many were held back.
+
+    A poison message or a flood of junk repeats one failure thousands of times a second;
+    the log should say so once, with a count, not drown the lines that matter.
+    """
+
+    def __init__(self, interval: float = 10.0, max_keys: int = 1000) -> None:
+        self.interval = interval
+        self.max_keys = max_keys
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def allow(self, key: str) -> int | None:
+        """None to stay quiet; else the number of lines held back since the last one."""
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        if last is None and len(self._last) >= self.max_keys:
+            self._last.pop(next(iter(self._last)))
+        self._last[key] = now
+        return self._held.pop(key, 0)

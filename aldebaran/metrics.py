@@ -11,6 +11,8 @@ EVENTS_CONSUMED = Counter("aldebaran_events_consumed_total", "Trade events decod
 DEAD_LETTERED = Counter("aldebaran_messages_dead_lettered_total", "Messages sent to the dead-letter queue", ["reason"])
 BOOKS_OPEN = Gauge("aldebaran_books_open", "Books currently held by this process")
 BOOK_EVENTS = Counter("aldebaran_book_events_total", "Events offered to books, by outcome", ["outcome"])
+CONFLICTING_DUPLICATES = Counter("aldebaran_conflicting_duplicates_total",
+                                 "Events whose id a book had already counted with other content (the first copy wins)")
 ALERTS_FIRED = Counter("aldebaran_alerts_fired_total", "Alerts published to the alert exchange", ["kind"])
 ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts suppressed as already sent")
 ALERTS_DELIVERED = Counter("aldebaran_alerts_delivered_total", "Alerts delivered to a channel's recipient", ["channel"])
@@ -34,8 +36,7 @@ PUBLISH_NACKS = Counter("aldebaran_publish_nacks_total", "Publishes refused by t
 UNROUTABLE = Counter("aldebaran_publish_unroutable_total",
                      "Mandatory publishes returned by the broker (no queue to route to) and retried", ["publisher"])
 INGEST_LAG = Gauge("aldebaran_ingest_lag_seconds", "Age of the newest event consumed (time behind the publishers)", ["stage"])
-ROUTER_PAUSED = Gauge("aldebaran_router_paused", "1 while a router holds its input because a shard queue is backlogged")
-DONE_MARKERS = Gauge("aldebaran_shard_done_markers", "Closed books a shard worker remembers (late events are recognised)")
-DONE_MARKERS_FORGOTTEN = Counter("aldebaran_shard_done_markers_forgotten_total",
-                                 "Done markers dropped before their retention because shard_done_max_markers was reached")
+DONE_MARKERS = Gauge("aldebaran_done_markers", "Closed books the engine remembers (late events are recognised)")
+DONE_MARKERS_FORGOTTEN = Counter("aldebaran_done_markers_forgotten_total",
+                                 "Done markers dropped before their retention because engine.done_max_markers was reached")
 QUEUE_DEPTH = Gauge("aldebaran_queue_depth_messages", "Messages ready in a queue, sampled by its consumer", ["queue"])

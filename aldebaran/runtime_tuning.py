@@ -1,6 +1,6 @@
-"""Interpreter tuning for the hot-path workers (router, shard book worker).
+"""Interpreter tuning for the hot-path worker (the engine).
 
-Python's cyclic GC scans every tracked object on each full collection; a shard worker
+Python's cyclic GC scans every tracked object on each full collection; the engine
 holds hundreds of thousands of books (dataclasses, sets, lists), so with the default
 thresholds (700, 10, 10) collections become a large share of CPU (field notes; py-spy
 shows it on the book lines). The books hold no reference cycles worth chasing quickly,

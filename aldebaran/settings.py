@@ -7,10 +7,10 @@ in one place and a typo stops start-up with the key's name instead of being igno
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -19,18 +19,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from aldebaran.config_checks import SECRET_SETTING, default_key_prefix, http_url, is_link_local, mask_url
 from aldebaran.errors import ConfigError
 
-_PASSWORD_IN_URL = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]+)@")
-
-
-def mask_url(text: str) -> str:
-    """Replace the password of every URL in `text` with `***` (logs and errors only)."""
-    return _PASSWORD_IN_URL.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+__all__ = ["Settings", "load_settings", "mask_url"]  # mask_url lives in config_checks; imported from here
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _ChannelBase(_Strict):
@@ -45,6 +41,19 @@ class WebhookChannel(_ChannelBase):
     kind: Literal["webhook"]
     url: str
     headers: dict[str, str] = {}
+    allow_link_local: bool = False  # 169.254.0.0/16 and fe80::/10 (cloud metadata) refused unless set
+
+    @field_validator("url")
+    @classmethod
+    def _http_only(cls, value: str) -> str:
+        return http_url(value)
+
+    @model_validator(mode="after")
+    def _no_link_local(self) -> "WebhookChannel":
+        host = (urlsplit(self.url).hostname or "").split("%")[0]
+        if not self.allow_link_local and is_link_local(host):
+            raise ValueError("url: a link-local address (169.254.0.0/16, fe80::/10) needs allow_link_local = true")
+        return self
 
 
 class AmqpChannel(_ChannelBase):
@@ -69,6 +78,11 @@ class EmailChannel(_ChannelBase):
 class SmsChannel(_ChannelBase):
     kind: Literal["sms"]
     base_url: str = "https://api.twilio.com"
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_only(cls, value: str) -> str:
+        return http_url(value)
     account_sid: str
     auth_token: str
     from_number: str
@@ -78,6 +92,11 @@ class SmsChannel(_ChannelBase):
 class PushChannel(_ChannelBase):
     kind: Literal["push"]
     base_url: str
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_only(cls, value: str) -> str:
+        return http_url(value)
     token: str
     devices: Annotated[list[str], Field(min_length=1)]
 
@@ -114,6 +133,30 @@ ChannelConfig = Annotated[
 ]
 
 
+class EngineSettings(_Strict):
+    """The engine (the default mode): one process consumes the ingress and holds the books."""
+
+    prefetch: Annotated[int, Field(ge=1, le=65535)] = 256  # ingress messages unacked at once
+    max_cycle_messages: Annotated[int, Field(ge=1, le=65535)] = 64  # messages one cycle takes at most
+    max_cycles_in_flight: Annotated[int, Field(ge=1, le=64)] = 2  # cycles awaiting confirms before the next waits
+    tick_ms: Annotated[float, Field(gt=0, le=10_000)] = 50.0  # an idle engine closes due books this often
+    lease_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0  # a dead owner's books move after this
+    compact_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0  # done markers stored, the log trimmed
+    done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
+    done_max_markers: Annotated[int, Field(ge=1)] = 4_000_000  # ... at most this many (oldest forgotten)
+    latency_samples_dir: str = ""  # the bench's raw publish->book/alert samples ("" = off)
+
+
+class PerOrderSettings(_Strict):
+    """The per-order reference mode (iteration 5): aggregators, one queue and book per order."""
+
+    aggregator_prefetch: Annotated[int, Field(ge=1, le=65535)] = 64
+    book_prefetch: Annotated[int, Field(ge=1, le=65535)] = 1000
+    max_open_books: Annotated[int, Field(ge=1, le=1_000_000)] = 20_000
+    declare_cache_size: Annotated[int, Field(ge=1)] = 100_000
+    book_close_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 1.0
+
+
 class _TomlSource(PydanticBaseSettingsSource):
     """Reads the TOML file named by ALDEBARAN_CONFIG (or an explicit path)."""
 
@@ -144,68 +187,37 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="ALDEBARAN_", extra="forbid", frozen=True, env_nested_delimiter="__"
+        env_prefix="ALDEBARAN_", extra="forbid", frozen=True, env_nested_delimiter="__", allow_inf_nan=False
     )
 
     # Where things are
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     amqp_urls: list[str] = []
     redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "aldebaran"
+    redis_key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "aldebaran"  # default: per vhost
     management_url: str = "http://guest:guest@127.0.0.1:15672/"
     tls_ca_file: str | None = None  # PEM CA bundle trusted for amqps:// and rediss:// (None = system CAs)
 
     # Meaning
     book_ttl_seconds: Annotated[float, Field(gt=0, le=86400 * 7)] = 60.0
-    book_close_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 1.0
     apps: Annotated[list[str], Field(min_length=1)] = ["trade_limits"]
     # Per-application options, `[app_options.<app>]` in TOML; each app's `Options` model
     # validates its own table when the workers load it (aldebaran/apps/__init__.py).
     app_options: dict[str, dict[str, Any]] = {}
 
-    # Pipeline shape
-    mode: Literal["per-order", "sharded"] = "per-order"
-    shards: Annotated[int, Field(ge=1, le=4096)] = 16
+    # Pipeline shape: the engine (default) or the per-order reference mode, each with its own keys
+    mode: Literal["engine", "per-order"] = "engine"
+    engine: EngineSettings = EngineSettings()
+    per_order: PerOrderSettings = PerOrderSettings()
     queue_type: Literal["classic", "quorum"] = "classic"
     delivery_limit: Annotated[int, Field(ge=1, le=1000)] = 20
     max_message_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 1024 * 1024
     ingress_max_length: Annotated[int, Field(ge=0)] = 0  # 0 = unbounded
-
-    # Bounds
-    aggregator_prefetch: Annotated[int, Field(ge=1, le=65535)] = 64
-    book_prefetch: Annotated[int, Field(ge=1, le=65535)] = 1000
-    max_open_books: Annotated[int, Field(ge=1, le=1_000_000)] = 20_000
-    declare_cache_size: Annotated[int, Field(ge=1)] = 100_000
-    batch_max_events: Annotated[int, Field(ge=1, le=100_000)] = 1000
-    batch_linger_ms: Annotated[float, Field(ge=0, le=1000)] = 1.0
-    # Resident memory one Aldebaran process may use, in MiB: the figure the overload bench
-    # checks every worker against, the systemd units' MemoryHigh (MemoryMax a quarter above),
-    # and a worker logs a warning while it is above it. The shard book worker is the one
-    # that grows: open books plus a done marker per order for shard_done_retention_seconds
-    # (0.85 GiB after 2.7M orders in 20 min in the overload bench; docs/backpressure.md).
+    # Resident memory one Aldebaran process may use, in MiB: the systemd units' MemoryHigh
+    # (MemoryMax a quarter above); a worker logs a warning while it is above it. The engine
+    # is the one that grows: open books, and a done marker per closed order for
+    # engine.done_retention_seconds, capped by engine.done_max_markers (docs/engine.md).
     max_rss_mib: Annotated[int, Field(ge=64, le=1_048_576)] = 2048
-
-    # Sharded mode (docs/sharding.md)
-    router_prefetch: Annotated[int, Field(ge=1, le=65535)] = 32  # trade messages in flight per router
-    # A shard queue holding more messages than this pauses the routers (0 = never): a surge
-    # then waits in the ingress, unstamped, not in the shard queues (docs/backpressure.md).
-    router_max_shard_backlog: Annotated[int, Field(ge=0)] = 200
-    shard_checkpoint_ms: Annotated[float, Field(gt=0, le=60_000)] = 200.0  # delta + multiple-ack period
-    shard_checkpoint_messages: Annotated[int, Field(ge=1, le=65535)] = 200  # ... or after this many messages
-    # Shard messages a worker holds unacked per shard: more than a checkpoint's worth, and no
-    # more, because a router sees only what is ready, not what a worker prefetched.
-    shard_prefetch: Annotated[int, Field(ge=2, le=65535)] = 300
-    shard_compact_seconds: Annotated[float, Field(gt=0)] = 30.0  # full snapshot, deltas trimmed
-    shard_done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
-    # ... but at most this many per shard book worker (170-210 bytes each): past it the oldest
-    # are forgotten early, counted and logged, so memory stays bounded at any order rate.
-    shard_done_max_markers: Annotated[int, Field(ge=1)] = 4_000_000
-    shard_workers: Annotated[int, Field(ge=1, le=4096)] = 1  # book worker processes sharing the shards
-    shard_worker_index: Annotated[int, Field(ge=0, le=4095)] = 0  # this process's preferred shards: n % workers
-    shard_standby_seconds: Annotated[float, Field(ge=0)] = 2.0  # before subscribing to others' shards as standby
-    shard_heartbeat_ms: Annotated[float, Field(ge=10, le=10_000)] = 250.0  # router -> every shard: its ingest clock
-    shard_clock_margin_seconds: Annotated[float, Field(ge=0, le=3600)] = 30.0  # no router heard: close on clock minus this
-    latency_samples_dir: str = ""  # bench only: workers append raw latency samples here ("" = off)
 
     # Alerts
     alert_dedup_ttl_seconds: Annotated[int, Field(ge=60)] = 7 * 86400
@@ -229,6 +241,17 @@ class Settings(BaseSettings):
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0  # 0 = no metrics server
     shutdown_grace_seconds: Annotated[float, Field(gt=0)] = 10.0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _key_prefix_per_deployment(cls, data: Any) -> Any:
+        """No prefix given: derive it from the vhost (`default_key_prefix`), not one shared default."""
+        if not isinstance(data, dict) or data.get("redis_key_prefix") is not None:
+            return data
+        urls = data.get("amqp_urls")
+        url = urls[0] if isinstance(urls, list) and urls and isinstance(urls[0], str) else data.get("amqp_url")
+        url = url if isinstance(url, str) else cls.model_fields["amqp_url"].default
+        return {**data, "redis_key_prefix": default_key_prefix(url)}
+
     @field_validator("amqp_url", "redis_url")
     @classmethod
     def _has_scheme(cls, value: str, info: Any) -> str:
@@ -245,14 +268,6 @@ class Settings(BaseSettings):
         if dupes:
             raise ValueError(f"channel names must be unique, repeated: {', '.join(dupes)}")
         return value
-
-    @model_validator(mode="after")
-    def _prefetch_covers_a_checkpoint(self) -> "Settings":
-        if self.shard_prefetch <= self.shard_checkpoint_messages:
-            raise ValueError(f"shard_prefetch ({self.shard_prefetch}) must exceed shard_checkpoint_messages "
-                             f"({self.shard_checkpoint_messages}): a shard worker would wait for the "
-                             f"checkpoint timer with its prefetch full")
-        return self
 
     @model_validator(mode="after")
     def _options_name_configured_apps(self) -> "Settings":
@@ -293,6 +308,9 @@ def _describe(error: ValidationError) -> str:
         key = ".".join(str(p) for p in item["loc"]) or "settings"
         if item["type"] == "extra_forbidden":
             lines.append(f"{key}: unknown setting")
+        elif item["loc"][:1] == ("channels",) or SECRET_SETTING.search(key):
+            # A channel table holds tokens and auth headers: name the key, never the value.
+            lines.append(f"{key}: {mask_url(item['msg'])}")
         else:
             lines.append(f"{key}: {item['msg']} (got {mask_url(repr(item.get('input')))})")
     return "; ".join(lines)

@@ -13,9 +13,12 @@ def notify(message: str) -> bool:
         return False
     if address.startswith("@"):
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.connect(address)
-        sock.sendall(message.encode())
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError:  # the supervisor's socket went away: a notification is never worth a crash
+        return False
     return True
 
 

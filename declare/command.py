@@ -13,11 +13,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--queue-type", choices=["classic", "quorum"],
                         help="override queue_type (quorum for clusters)")
     parser.add_argument("--dry-run", action="store_true", help="print what would be declared")
+    parser.add_argument("--publisher-user", metavar="NAME=PASSWORD_FILE",
+                        help="also create a user that may only write Aldebaran.Trade_Data (docs/operations.md)")
+    parser.add_argument("--workers-user", metavar="NAME=PASSWORD_FILE",
+                        help="also create the workers' user: full rights in this vhost only, no management tag")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     from declare.declarer import declare, describe
+    from declare.users import apply_users, parse_user
     from declare.topology import topology
 
     if args.queue_type:
@@ -28,4 +33,8 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     count = declare(settings)
     print(f"{count} exchanges and queues declared on {settings.broker_urls[0].split('@')[-1]}")
+    users = [parse_user(role, spec) for role, spec in (("publisher", args.publisher_user),
+                                                       ("workers", args.workers_user)) if spec]
+    for line in apply_users(settings, users) if users else []:
+        print(line)
     return 0

@@ -6,6 +6,8 @@ too, so a queue is always declared the same way and never trips over itself.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +18,6 @@ WORK_QUEUE = "Aldebaran.Purchase_Request"
 ALERT = "Aldebaran.Alert"
 DEAD_LETTER = "Aldebaran.Dead_Letter"
 CHANNEL_PREFIX = "Aldebaran.Channel."
-SHARD_PREFIX = "book-shard-"
 REASON_HEADER = "x-aldebaran-reason"
 
 
@@ -28,8 +29,29 @@ def channel_dead_letter(name: str) -> str:
     return f"{CHANNEL_PREFIX}{name}.Dead_Letter"
 
 
-def shard_queue(shard: int) -> str:
-    return f"{SHARD_PREFIX}{shard}"
+# Per-order queue names: the key's bytes outside [A-Za-z0-9_.] written `@XX` (hex) when
+# that stays short, else `#` and a SHA-256. The clients accept only [A-Za-z0-9-_.:@#,/+ ]
+# in a queue name (pamqp checks), hence `@`, not `%`. `-` is encoded too, so no encoded
+# key can spell an internal name with a `-` after the prefix, and `#`
+# never appears in the encoded form, so the two forms cannot meet. Any key works: the
+# name is always at most 255 bytes, and two keys never share a queue (CONTRACT §2).
+_UNRESERVED = re.compile(r"[^A-Za-z0-9_.]")
+MAX_ENCODED_KEY = 200
+
+
+def encode_key(key: str) -> str:
+    """The queue-name form of a book key: readable when it can be, hashed when it cannot."""
+    encoded = _UNRESERVED.sub(lambda m: "".join(f"@{b:02X}" for b in m.group().encode("utf-8", "surrogatepass")), key)
+    if len(encoded) <= MAX_ENCODED_KEY:
+        return encoded
+    return "#" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def book_queue(prefix: str, key: str) -> str:
+    """The queue of one book (`book-1001`, `book-a@2Fb`, `book-#<sha256>`), never an internal name."""
+    if not 0 < len(prefix.encode()) <= 50:
+        raise ValueError(f"a book queue prefix must be 1-50 bytes, got {prefix!r}")
+    return prefix + encode_key(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +96,6 @@ def book_queue_arguments(settings: Settings) -> dict[str, Any]:
     return args
 
 
-def shard_queue_arguments(settings: Settings) -> dict[str, Any]:
-    args: dict[str, Any] = {"x-single-active-consumer": True}
-    args.update(durable_arguments(settings))
-    return args
-
-
 def ingress_arguments(settings: Settings) -> dict[str, Any]:
     args = durable_arguments(settings)
     if settings.ingress_max_length:
@@ -100,6 +116,4 @@ def topology(settings: Settings) -> Topology:
     for channel in settings.channels:
         queues.append(QueueSpec(channel_queue(channel.name), durable_arguments(settings)))
         queues.append(QueueSpec(channel_dead_letter(channel.name), durable_arguments(settings, None)))
-    if settings.mode == "sharded":
-        queues += [QueueSpec(shard_queue(i), shard_queue_arguments(settings)) for i in range(settings.shards)]
     return Topology(exchanges, queues)

@@ -104,14 +104,26 @@ def trade_events(traces: DataFrame, max_message_bytes: int = 1 << 20) -> DataFra
     return events.where((F.col("shares") > 0) & (F.col("shares") <= MAX_SHARES))
 
 
+_ALERT_BATCH = T.ArrayType(T.StructType([T.StructField(name, T.StringType())
+                                          for name in ("alert_id", "kind", "order_id")]))
+
+
 def alert_publishes(traces: DataFrame) -> DataFrame:
-    """Every publish to Aldebaran.Alert: alert_id (message_id, else the body's), kind, order."""
-    body = F.decode(F.unbase64("body_b64"), "UTF-8")
-    return (traces.where((F.col("kind") == "publish") & (F.col("exchange") == ALERT_EXCHANGE))
-            .select("ts",
-                    F.coalesce("message_id", F.get_json_object(body, "$.alert_id")).alias("alert_id"),
-                    F.get_json_object(body, "$.kind").alias("kind"),
-                    F.get_json_object(body, "$.order_id").alias("order_id")))
+    """Every alert published to Aldebaran.Alert, one row per alert: alert_id, kind, order.
+
+    A message is one alert object (alert_id: its message_id, else the body's) or a batch,
+    a JSON array of alert objects under a batch id (CONTRACT §3): each element is a row,
+    so a copy of an alert inside another batch counts as a second publish.
+    """
+    pubs = (traces.where((F.col("kind") == "publish") & (F.col("exchange") == ALERT_EXCHANGE))
+            .select("ts", "message_id", F.decode(F.unbase64("body_b64"), "UTF-8").alias("body")))
+    is_batch = F.ltrim("body").startswith("[")
+    single = pubs.where(~is_batch).select(
+        "ts", F.coalesce("message_id", F.get_json_object("body", "$.alert_id")).alias("alert_id"),
+        F.get_json_object("body", "$.kind").alias("kind"), F.get_json_object("body", "$.order_id").alias("order_id"))
+    batch = (pubs.where(is_batch).select("ts", F.explode(F.from_json("body", _ALERT_BATCH)).alias("a"))
+             .select("ts", "a.alert_id", "a.kind", "a.order_id"))
+    return single.unionByName(batch)
 
 
 def channel_deliveries(traces: DataFrame) -> DataFrame:

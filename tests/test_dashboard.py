@@ -20,7 +20,7 @@ import httpx
 import pika
 
 from aldebaran.channels.base import DeliveryLedger, park
-from aldebaran.core.outbox import AlertOutbox
+from aldebaran.io.alert_outbox import AlertOutbox
 from aldebaran.core.rule import Alert, iso_utc
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import connect as connect_redis

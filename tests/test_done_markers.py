@@ -1,17 +1,16 @@
-"""The shard's done-marker store: exact expiry, a hard cap that forgets the oldest, images."""
+"""The engine's done-marker store: exact expiry, a hard cap that forgets the oldest, images."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-import msgspec
 from hypothesis import given, settings as hsettings, strategies as st
 
 from aldebaran.apps.trade_limits import TradeLimits
-from aldebaran.core.book import Outcome
 from aldebaran.core.done_markers import GROUP_SECONDS, DoneMarkers
-from aldebaran.core.shard_state import ShardBooks
-from aldebaran.core.snapshot import decode_image
+from aldebaran.core.engine import Engine
+from aldebaran.core.wal import WalMessage, decode_done
+from aldebaran.trades.codec import MSGPACK, encode_msgpack
 from aldebaran.trades.events import Purchase, PurchaseRequest
 
 NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
@@ -59,28 +58,24 @@ def test_groups_merge_within_a_second_and_expire_with_the_latest() -> None:
     assert ("x", "a") not in store and ("x", "b") not in store and ("y", "c") in store and len(store) == 1
 
 
-def test_a_capped_shard_forgets_its_oldest_markers_and_says_how_many() -> None:
-    shard = ShardBooks(RULES, default_ttl=3, done_retention=600, done_cap=2)
+def test_a_capped_engine_forgets_its_oldest_markers_and_says_how_many() -> None:
+    engine = Engine([TradeLimits()], default_ttl=3, done_retention=600, done_cap=2, max_message_bytes=1 << 20)
+
+    def offer(event, stamp_ms: int):  # type: ignore[no-untyped-def]
+        return engine.cycle([WalMessage(MSGPACK, encode_msgpack([event]))], stamp_ms, NOW)
+
     for n, order in enumerate("abcde"):
-        shard.offer("trade_limits", PurchaseRequest(order, 10, "c", "s"), float(n), NOW)
-        shard.close_due(n + 3.5, NOW)  # each order's book closes one tick after it opened
-    assert len(shard.done) == 2 and shard.done.evicted == 3
-    assert shard.done.take_evicted() == 3 and shard.done.take_evicted() == 0  # what a counter adds, once
-    assert shard.done.remembered_seconds == 1.0  # d and e closed a second apart: the cap shrank 600 s to that
-    late = shard.offer("trade_limits", Purchase("e1", "e", 50, "c", "s"), 9.0, NOW)
-    assert late.outcome is Outcome.LATE  # remembered: still late
-    reopened = shard.offer("trade_limits", Purchase("a1", "a", 50, "c", "s"), 9.0, NOW)
-    assert reopened.outcome is Outcome.APPLIED and ("trade_limits", "a") in shard.books  # forgotten: a fresh book
+        offer(PurchaseRequest(order, 10, "c", "s"), n * 4000)
+        engine.close(n * 4000 + 3500, NOW)  # each order's book closes before the next opens
+    done = engine.books.done
+    assert len(done) == 2 and done.evicted == 3
+    assert done.take_evicted() == 3 and done.take_evicted() == 0  # what a counter adds, once
+    assert done.remembered_seconds == 4.0  # d and e closed 4 s apart: the cap shrank 600 s to that
+    assert offer(Purchase("e1", "e", 50, "c", "s"), 20_000).late == 1  # remembered: still late
+    reopened = offer(Purchase("a1", "a", 50, "c", "s"), 20_000)
+    assert reopened.applied == 1 and "a" in engine.books.books["trade_limits"]  # forgotten: a fresh book
 
-    rebuilt = ShardBooks(RULES, default_ttl=3, done_retention=600, done_cap=2)
-    rebuilt.restore([decode_image(shard.take_snapshot())], now_ts=9.0)
-    assert {k for g in rebuilt.done.groups() for k in g.keys} == {"d", "e"}
-
-
-def test_images_written_before_groups_still_restore() -> None:
-    """An older worker's image: a two-element array with per-key markers [app, key, expires_at]."""
-    old = msgspec.msgpack.encode([[], [["trade_limits", "b", 100.0], ["trade_limits", "c", 5.0]]])
-    shard = ShardBooks(RULES, default_ttl=3, done_retention=600)
-    shard.restore([decode_image(old)], now_ts=10.0)
-    assert ("trade_limits", "b") in shard.done and ("trade_limits", "c") not in shard.done  # c had expired
-    assert shard.offer("trade_limits", Purchase("b1", "b", 5, "c", "s"), 11.0, NOW).outcome is Outcome.LATE
+    compacted, _ = engine.compaction()
+    rebuilt = Engine([TradeLimits()], default_ttl=3, done_retention=600, done_cap=2, max_message_bytes=1 << 20)
+    rebuilt.restore_done(decode_done(compacted))
+    assert {k for g in rebuilt.books.done.groups() for k in g.keys} == {"d", "e"}

@@ -138,3 +138,46 @@ async def test_every_channel_kind_gets_an_alert_published_three_times_exactly_on
     finally:
         smtp.stop()
         services.delete_vhost(other)
+
+
+async def test_an_alert_batch_and_a_single_alert_reach_each_channel_once(settings: Settings) -> None:
+    """CONTRACT §3: a batch message (a JSON array under a batch id) and a lone alert are both read;
+    a copy inside another batch is a duplicate; the amqp channel still emits one alert per message."""
+    other = services.create_vhost("sink")
+    connection = pika.BlockingConnection(pika.URLParameters(other.amqp_url))
+    connection.channel().queue_declare("downstream", durable=True)
+    connection.close()
+    try:
+        s = with_channels(settings, {"name": "bus", "kind": "amqp", "url": other.amqp_url, "routing_key": "downstream"},
+                          {"name": "pull", "kind": "queue-api", "queue": "alerts"})
+        declare(s, echo=lambda _: None)
+        alerts = [make_alert(str(n)) for n in (1, 2, 3)]
+        batch = json.dumps([alerts[0], alerts[1], {"kind": "no id"}, alerts[2]]).encode()
+        publish(s, alerts[1])  # a lone alert, also inside the batch
+        raw = pika.BlockingConnection(pika.URLParameters(s.amqp_url))
+        channel = raw.channel()
+        channel.confirm_delivery()
+        for message_id in ("batch:a", "batch:b"):  # the same batch twice: a redelivered publish
+            channel.basic_publish(ALERT, ALERT, batch, pika.BasicProperties(
+                message_id=message_id, content_type="application/json", delivery_mode=2), mandatory=True)
+        raw.close()
+        workers = [Lookout(s), ChannelWorker(s, "bus"), ChannelWorker(s, "pull")]
+        async with running(*workers):
+            await eventually(lambda: all(delivered_key_exists(s, name, a["alert_id"]) for name in ("bus", "pull")
+                                         for a in alerts), "every alert on both channels")
+            await eventually(lambda: queue_depth(s.amqp_url, ALERT) == 0, "the alert queue to drain")
+        downstream = get_all(other.amqp_url, "downstream")
+        assert sorted(props.message_id for props, _ in downstream) == sorted(a["alert_id"] for a in alerts)
+        assert all(json.loads(body)["alert_id"] == props.message_id for props, body in downstream)
+        client = redis_client(s)
+        try:
+            queue = PullQueue(client, Keys(s.redis_key_prefix), "alerts", checkout_lifetime_seconds=60,
+                              max_receive_count=3)
+            received = await queue.receive(10)
+        finally:
+            await client.aclose()
+        assert sorted(json.loads(m.message)["alert_id"] for m in received) == sorted(a["alert_id"] for a in alerts)
+        dead = get_all(s.amqp_url, DEAD_LETTER)
+        assert len(dead) == 2 and all("no alert_id" in props.headers[REASON_HEADER] for props, _ in dead)
+    finally:
+        services.delete_vhost(other)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
-from aldebaran.api.app import create_app
+from aldebaran.api.dashboard import create_app
 from aldebaran.api.command import check_exposure, is_loopback
 from aldebaran.errors import ConfigError
 from aldebaran.settings import Settings

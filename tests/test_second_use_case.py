@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
 
 from aldebaran.trades.events import Purchase, PurchaseRequest
+from declare.topology import book_queue
 from tests.support.pipeline import alert_counts, collect_alerts, running
 
 
@@ -13,8 +15,9 @@ def utc_day() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d")
 
 
-def test_trade_limits_and_client_daily_limit_run_side_by_side(broker, worker_env, tmp_path) -> None:
-    env = dict(worker_env, ALDEBARAN_APPS='["trade_limits", "client_daily_limit"]',
+@pytest.mark.parametrize("mode", ["engine", "per-order"])
+def test_trade_limits_and_client_daily_limit_run_side_by_side(mode, broker, worker_env, tmp_path) -> None:
+    env = dict(worker_env, ALDEBARAN_APPS='["trade_limits", "client_daily_limit"]', ALDEBARAN_MODE=mode,
                ALDEBARAN_APP_OPTIONS='{"client_daily_limit": {"max_shares": 100}}')
     days = {utc_day()}
     with running(env, tmp_path / "up.log") as pipeline:
@@ -33,10 +36,10 @@ def test_trade_limits_and_client_daily_limit_run_side_by_side(broker, worker_env
                         Purchase("c2", "o5", 30, "calm", "AAPL")] * 2, batch=3)
         alerts = collect_alerts(broker, expected=3, timeout=40, settle=3)
         days.add(utc_day())
-        # each application's books live on their own queues (a passive declare fails if absent)
-        acme_day = next((a["day"] for a in alerts if a.get("client") == "acme" and "day" in a), min(days))
-        assert broker.depth("book-o1") == 0
-        assert broker.depth(f"daily-{acme_day}:acme") == 0
+        if mode == "per-order":  # each application's books live on their own queues (passive declare)
+            acme_day = next((a["day"] for a in alerts if a.get("client") == "acme" and "day" in a), min(days))
+            for queue in (book_queue("book-", "o1"), book_queue("daily-", f"{acme_day}:acme")):
+                assert broker.channel.queue_declare(queue, passive=True).method.message_count == 0
         log = pipeline.log()
     counts = alert_counts(alerts)
     assert set(counts.values()) == {1}, counts

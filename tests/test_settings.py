@@ -82,7 +82,7 @@ def test_unknown_environment_variable_names_it(monkeypatch: pytest.MonkeyPatch) 
         ("ALDEBARAN_BOOK_TTL_SECONDS", "-1", "book_ttl_seconds: Input should be greater than 0"),
         ("ALDEBARAN_BOOK_TTL_SECONDS", "soon", "book_ttl_seconds: Input should be a valid number"),
         ("ALDEBARAN_AMQP_URL", "http://x", "amqp_url: Value error, must start with one of amqp://"),
-        ("ALDEBARAN_MODE", "fast", "mode: Input should be 'per-order' or 'sharded'"),
+        ("ALDEBARAN_MODE", "fast", "mode: Input should be 'engine' or 'per-order'"),
     ],
 )
 def test_bad_values_name_the_key(monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str) -> None:

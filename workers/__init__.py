@@ -5,10 +5,9 @@ one worker; `aldebaran up` runs every worker of one machine in one process.
 """
 
 WORKER_MODULES = {
+    "engine": "workers.engine",
     "aggregator": "workers.aggregator",
     "books": "workers.books",
-    "router": "workers.router",
-    "shard-books": "workers.shard_books",
     "lookout": "workers.lookout",
     "channel": "workers.channel",
     "tracer": "workers.tracer",
@@ -16,6 +15,6 @@ WORKER_MODULES = {
 
 # Per `mode`: the worker kinds that play the aggregator and the book-worker roles.
 MODE_KINDS = {
+    "engine": (None, "engine"),
     "per-order": ("aggregator", "books"),
-    "sharded": ("router", "shard-books"),
 }

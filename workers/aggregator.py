@@ -27,12 +27,12 @@ from aldebaran.apps import load_rules
 from aldebaran.core.queue_cache import QueueCache
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
-from aldebaran.log import get_logger
+from aldebaran.log import Throttle, get_logger
 from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG, UNROUTABLE
 from aldebaran.settings import Settings
-from aldebaran.trades.codec import DecodeError
+from aldebaran.trades.codec import DecodeError, dead_letters
 from declare.declarer import declare_async
-from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA, WORK_QUEUE, book_queue_arguments
+from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA, WORK_QUEUE, book_queue, book_queue_arguments
 from workers.runtime import Lifecycle
 
 log = get_logger("aggregator")
@@ -57,7 +57,7 @@ class WorkItem(msgspec.Struct, frozen=True):
 
 def reason_class(reason: str) -> str:
     """A low-cardinality label for the dead-letter metric."""
-    for marker, label in (("exceeds the limit", "oversized"), ("missing field", "missing_field"),
+    for marker, label in (("batch elements rejected", "batch_summary"), ("exceeds the limit", "oversized"), ("missing field", "missing_field"),
                           ("#shares", "bad_shares"), ("not valid", "not_parseable"),
                           ("neither JSON", "not_parseable"), ("nested", "too_deep")):
         if marker in reason:
@@ -72,11 +72,12 @@ class Aggregator:
         self.settings = settings
         self.rules = list(rules)
         self.codec = self.rules[0].codec
-        self.cache = QueueCache(settings.declare_cache_size, lifetime_seconds=settings.book_ttl_seconds / 2)
+        self.cache = QueueCache(settings.per_order.declare_cache_size, lifetime_seconds=settings.book_ttl_seconds / 2)
         self._book_args = book_queue_arguments(settings)
         self._default: aio_pika.abc.AbstractExchange | None = None
         self._declare_channels: list[aio_pika.abc.AbstractChannel] = []
         self._attempts: OrderedDict[str, int] = OrderedDict()  # failed tries per message (bounded)
+        self._throttle = Throttle()
 
     async def run(self, life: Lifecycle) -> None:
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
@@ -90,7 +91,7 @@ class Aggregator:
         # worker failed over to) must fail the publish, never confirm it into nowhere.
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await declare_async(channel, self.settings)
-        await channel.set_qos(prefetch_count=self.settings.aggregator_prefetch)
+        await channel.set_qos(prefetch_count=self.settings.per_order.aggregator_prefetch)
         self._default = channel.default_exchange
         # The broker declares ~400 queues/s per channel and ~2x that spread over several.
         self._declare_channels = [await connection.channel() for _ in range(DECLARE_CHANNELS)]
@@ -153,8 +154,11 @@ class Aggregator:
         while len(self._attempts) > ATTEMPTS_REMEMBERED:
             self._attempts.popitem(last=False)
         pause = min(2.0, 0.05 * 2 ** attempts)
-        log.warning("routing failed, requeueing", error=error, attempt=attempts,
-                    limit=self.settings.delivery_limit, retry_in_seconds=pause, delivery_tag=message.delivery_tag)
+        held = self._throttle.allow(f"failed:{error[:200]}")
+        if held is not None:
+            log.warning("routing failed, requeueing", error=error[:500], attempt=attempts,
+                        limit=self.settings.delivery_limit, retry_in_seconds=pause,
+                        delivery_tag=message.delivery_tag, similar_not_logged=held)
         await asyncio.sleep(pause)
         with contextlib.suppress(Exception):  # channel gone meanwhile: the broker requeues it
             await message.nack(requeue=True)
@@ -165,7 +169,7 @@ class Aggregator:
         if isinstance(published_ms, int):
             INGEST_LAG.labels(stage="aggregator").set(max(0.0, time.time() - published_ms / 1000))
         BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
-        outputs = [self._dead_letter(message, reject) for reject in decoded.rejects]
+        outputs = [self._dead_letter(message, reject) for reject in dead_letters(decoded, message.body)]
         for event in decoded.events:
             EVENTS_CONSUMED.labels(type=type(event).__name__).inc()
             for rule in self.rules:
@@ -175,7 +179,7 @@ class Aggregator:
 
     async def _route(self, rule: Rule[Any], event: Any, published_ms: Any, redelivered: bool = False) -> None:
         key = rule.key(event, time.time())  # the routing clock: a windowed key's time
-        queue = f"{rule.queue_prefix}{key}"
+        queue = book_queue(rule.queue_prefix, key)
         first = await self.cache.ensure(queue, self._declare_book)
         # Stamped as it enters its book queue (after a possibly slow declare): a book's
         # lifetime is measured on these stamps, and its queue then holds them in order.
@@ -205,9 +209,12 @@ class Aggregator:
         await channel.declare_queue(queue, durable=True, arguments=self._book_args)
 
     async def _dead_letter(self, message: aio_pika.abc.AbstractIncomingMessage, reject: Any) -> None:
-        DEAD_LETTERED.labels(reason=reason_class(reject.reason)).inc()
-        log.warning("dead-lettered", reason=reject.reason, index=reject.index,
-                    message_id=message.message_id, queue=TRADE_DATA)
+        label = reason_class(reject.reason)
+        DEAD_LETTERED.labels(reason=label).inc()
+        held = self._throttle.allow(label)  # a flood of junk: one line per kind every 10 s
+        if held is not None:
+            log.warning("dead-lettered", reason=reject.reason[:500], index=reject.index,
+                        message_id=message.message_id, queue=TRADE_DATA, similar_not_logged=held)
         headers: dict[str, Any] = {REASON_HEADER: reject.reason, "x-aldebaran-source": TRADE_DATA}
         if reject.index is not None:
             headers["x-aldebaran-index"] = reject.index

@@ -14,7 +14,9 @@ receives no new work until books close (never evicting a book that could still a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -25,16 +27,16 @@ import redis.asyncio as aioredis
 
 from aldebaran.apps import load_rules
 from aldebaran.core.book import Book, Outcome
-from aldebaran.core.outbox import AlertOutbox
+from aldebaran.io.alert_outbox import AlertOutbox
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.redis import Keys
-from aldebaran.log import get_logger
-from aldebaran.metrics import BOOK_EVENTS, BOOKS_OPEN, DEAD_LETTERED, PROCESSING_LATENCY
+from aldebaran.log import Throttle, get_logger
+from aldebaran.metrics import BOOK_EVENTS, BOOKS_OPEN, CONFLICTING_DUPLICATES, DEAD_LETTERED, PROCESSING_LATENCY
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
-from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, WORK_QUEUE, book_queue_arguments
+from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, WORK_QUEUE, book_queue, book_queue_arguments
 from workers.aggregator import INGEST_HEADER, PUBLISHED_HEADER, WorkItem
 from workers.runtime import Lifecycle
 
@@ -58,6 +60,8 @@ class BookConsumer:
         self.lock = asyncio.Lock()
         self.first_event = asyncio.Event()
         self.pending = 0  # deliveries received and not yet processed
+        self.digests: dict[str, bytes] = {}  # event id -> digest of the counted copy (conflicts)
+        self.conflicted: set[str] = set()  # event ids whose conflict was logged
         self.log = log.bind(order_id=item.key, app=item.app)
 
     async def run(self, stopping: asyncio.Event) -> bool:
@@ -77,7 +81,7 @@ class BookConsumer:
             if self.book is not None and not self.done:
                 # Close a moment after the deadline: events stamped before it may still be
                 # on their way from the aggregator; they count, later ones are late.
-                remaining = self.book.deadline + settings.book_close_delay_seconds - time.time()
+                remaining = self.book.deadline + settings.per_order.book_close_delay_seconds - time.time()
                 if await _wait_any(stopping, None, timeout=max(0.0, remaining)):
                     return False
                 await self._drain(ttl)
@@ -164,8 +168,10 @@ class BookConsumer:
             await message.ack()
             return
         if offer.outcome is Outcome.DUPLICATE:
+            self._check_conflict(event, message.body, context)
             await message.ack()
             return
+        self.digests[self.rule.event_id(event)] = _digest(message.body)
         self.held.append(message)
         for alert in offer.alerts:
             await self.manager.outbox.emit(alert)
@@ -173,6 +179,18 @@ class BookConsumer:
                 PROCESSING_LATENCY.labels(stage="alert").observe(max(0.0, time.time() - published_ms / 1000))
         if self.book.final:
             await self._finish()
+
+    def _check_conflict(self, event: Any, body: bytes, context: dict[str, str]) -> None:
+        """A repeat with other content is not a redelivery: count it, say so once per event id."""
+        event_id = self.rule.event_id(event)
+        counted = self.digests.get(event_id)
+        if counted is None or counted == _digest(body):
+            return
+        CONFLICTING_DUPLICATES.inc()
+        if event_id not in self.conflicted:  # later conflicts of this id are only counted
+            self.conflicted.add(event_id)
+            self.log.warning("conflicting duplicate: same event id, other content; the first copy counts",
+                             **context)
 
     async def close(self) -> None:
         """The deadline passed: fire what closing fires, then release every held event."""
@@ -191,6 +209,10 @@ class BookConsumer:
         for message in self.held:
             await message.ack()
         self.held.clear()
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=8).digest()
 
 
 async def _wait_any(stopping: asyncio.Event, other: asyncio.Event | None, timeout: float) -> bool:
@@ -219,6 +241,9 @@ class BookManager:
         self._default: aio_pika.abc.AbstractExchange
         self._stopping = asyncio.Event()  # the current session's end
         self._tasks: set[asyncio.Task[None]] = set()
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._failures: OrderedDict[tuple[str, str], int] = OrderedDict()  # failed runs per book (bounded)
+        self._throttle = Throttle()
 
     def done_key(self, rule: Rule[Any], key: str) -> str:
         return self.keys.book_done(rule.name, key)
@@ -237,21 +262,22 @@ class BookManager:
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
                        life: Lifecycle) -> None:
         self._stopping = ended
+        self._connection = connection
         control = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await declare_async(control, self.settings)
         self._default = control.default_exchange
         alerts = await control.get_exchange(ALERT, ensure=False)
         self.outbox = AlertOutbox(self.redis, alerts, self.keys, self.settings.alert_dedup_ttl_seconds)
         work_channel = await connection.channel()
-        await work_channel.set_qos(prefetch_count=self.settings.max_open_books)
+        await work_channel.set_qos(prefetch_count=self.settings.per_order.max_open_books)
         self._channels = []
-        for _ in range(max(1, min(32, self.settings.max_open_books // BOOKS_PER_CHANNEL))):
+        for _ in range(max(1, min(32, self.settings.per_order.max_open_books // BOOKS_PER_CHANNEL))):
             channel = await connection.channel()
-            await channel.set_qos(prefetch_count=self.settings.book_prefetch)
+            await channel.set_qos(prefetch_count=self.settings.per_order.book_prefetch)
             self._channels.append(channel)
         work = await work_channel.get_queue(WORK_QUEUE, ensure=False)
         tag = await work.consume(self.on_work)
-        log.info("consuming", queue=WORK_QUEUE, max_open_books=self.settings.max_open_books)
+        log.info("consuming", queue=WORK_QUEUE, max_open_books=self.settings.per_order.max_open_books)
         life.ready()
         await ended.wait()
         if not work_channel.is_closed:
@@ -265,41 +291,91 @@ class BookManager:
         self._stopping.set()
 
     async def on_work(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        try:
-            item = _work_decoder.decode(message.body)
-            rule = self.rules[item.app]
-        except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
-            await self.dead_letter(message, f"unreadable work item: {exc!r}")
+        item, rule, problem = self._read_work(message.body)
+        if problem is not None:
+            await self.dead_letter(message, problem)
             return
+        assert item is not None and rule is not None
         slot = (item.app, item.key)
         if slot in self.books:
             await message.ack()  # already open here: one book per order per process
             return
-        channel = self._channels[hash(slot) % len(self._channels)]
-        book = BookConsumer(self, rule, item, channel)
+        book = BookConsumer(self, rule, item, await self._channel_for(slot))
         self.books[slot] = book
         BOOKS_OPEN.inc()
         task = asyncio.current_task()
         self._tasks.add(task)  # type: ignore[arg-type]
+        error: Exception | None = None
         try:
             finished = await book.run(self._stopping)
         except Exception as exc:  # noqa: BLE001 - one book's trouble must not stop the others
-            book.log.error("book failed; work item returned", error=str(exc), exc_info=exc)
-            finished = False
+            error, finished = exc, False
         finally:
             del self.books[slot]
             BOOKS_OPEN.dec()
             self._tasks.discard(task)  # type: ignore[arg-type]
         if message.channel.is_closed:
             return
-        if finished:
+        if error is not None:
+            await self._book_failed(message, slot, error)
+        elif finished:
+            self._failures.pop(slot, None)
             await message.ack()
         else:
             await message.nack(requeue=True)
 
+    def _read_work(self, body: bytes) -> tuple[WorkItem | None, Rule[Any] | None, str | None]:
+        """The work item and its rule, or why it is not one: a forged or garbled item
+        naming a queue that is not its book's (an internal queue, another order's) must
+        never be consumed or declared with book arguments."""
+        try:
+            item = _work_decoder.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return None, None, f"unreadable work item: {exc}"
+        rule = self.rules.get(item.app)
+        if rule is None:
+            return None, None, f"work item for an unknown application {item.app[:100]!r}"
+        if not item.key:
+            return None, None, "work item with an empty key"
+        if item.queue != book_queue(rule.queue_prefix, item.key):
+            return None, None, (f"work item names queue {item.queue[:300]!r}, not the book queue "
+                                f"of its key {item.key[:200]!r}")
+        return item, rule, None
+
+    async def _channel_for(self, slot: tuple[str, str]) -> aio_pika.abc.AbstractChannel:
+        """The slot's book channel, reopened if a broker error closed it (it must not stay dead)."""
+        index = hash(slot) % len(self._channels)
+        channel = self._channels[index]
+        if channel.is_closed and self._connection is not None and not self._connection.is_closed:
+            channel = await self._connection.channel()
+            await channel.set_qos(prefetch_count=self.settings.per_order.book_prefetch)
+            self._channels[index] = channel
+        return channel
+
+    async def _book_failed(self, message: aio_pika.abc.AbstractIncomingMessage, slot: tuple[str, str],
+                           error: Exception) -> None:
+        """Retry a failing book with a growing pause; dead-letter its work item at the limit.
+        One log line per failure kind every few seconds, with the count held back."""
+        attempts = self._failures.pop(slot, 0) + 1
+        held = self._throttle.allow(f"{type(error).__name__}:{str(error)[:200]}")
+        if held is not None:
+            log.error("book failed; work item returned", order_id=slot[1], app=slot[0], error=str(error)[:500],
+                      attempt=attempts, similar_failures_not_logged=held, exc_info=error if not held else None)
+        if attempts >= self.settings.delivery_limit:
+            await self.dead_letter(message, f"book failed {attempts} times: {error}"[:1000])
+            return
+        self._failures[slot] = attempts
+        while len(self._failures) > 10_000:
+            self._failures.popitem(last=False)
+        await asyncio.sleep(min(2.0, 0.05 * 2 ** attempts))
+        if not message.channel.is_closed:
+            await message.nack(requeue=True)
+
     async def dead_letter(self, message: aio_pika.abc.AbstractIncomingMessage, reason: str) -> None:
         DEAD_LETTERED.labels(reason="internal").inc()
-        log.error("dead-lettered", reason=reason, routing_key=message.routing_key)
+        held = self._throttle.allow(f"dead-letter:{message.routing_key}")
+        if held is not None:
+            log.error("dead-lettered", reason=reason, routing_key=message.routing_key, similar_not_logged=held)
         await self._default.publish(
             amqp.persistent(message.body, headers={REASON_HEADER: reason,
                                                    "x-aldebaran-source": message.routing_key or ""}),

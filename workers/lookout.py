@@ -25,16 +25,18 @@ import aio_pika.abc
 import aio_pika.exceptions
 import aiormq
 import aiormq.abc
+import msgspec
 import redis.asyncio as aioredis
 
 from aldebaran.channels.base import Alert, UnreadableAlert
+from aldebaran.io.alert_bus import split_alerts
+from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.amqp import connect as connect_amqp
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
-from aldebaran.metrics import DEAD_LETTERED
 from aldebaran.settings import Settings
-from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, channel_queue, topology
+from declare.topology import ALERT, DEAD_LETTER, channel_queue, topology
 from workers.runtime import Lifecycle
 
 PREFETCH = 1024  # room for the next batch to arrive while one is handled
@@ -128,19 +130,19 @@ class Lookout:
             # aiormq underneath aio-pika for the publishes (taken per batch: a reconnect
             # replaces it): an aio-pika Message per publish cost more than the publish.
             out = await self._channel.get_underlay_channel()
-            unreadable: list[tuple[aio_pika.abc.AbstractIncomingMessage, str]] = []
+            unreadable: list[tuple[bytes, str | None, str]] = []
+            received = 0
             for message in batch:
-                try:
-                    alert = Alert.parse(message.body, message.message_id)
-                except UnreadableAlert as exc:
-                    unreadable.append((message, f"unreadable alert: {exc}"))
-                    continue
-                alerts.setdefault(alert.alert_id, alert)
-            await asyncio.gather(*(self._dead_letter(out, message, reason) for message, reason in unreadable))
+                received += _read(message.body, message.message_id, alerts, unreadable)
+            await asyncio.gather(*(dead_letter(out, body, reason, ALERT, message_id)
+                                   for body, message_id, reason in unreadable))
+            if unreadable:
+                log.error("unreadable alerts dead-lettered", count=len(unreadable),
+                          reasons=sorted({reason for _, _, reason in unreadable})[:5])
             keys = [self._keys.delivered(FANNED_OUT, alert_id) for alert_id in alerts]
             known = await self._redis.eval(_EXISTING, len(keys), *keys) if keys else []
             new = [(alert, key) for alert, key, seen in zip(alerts.values(), keys, known) if not seen]
-            repeats = len(batch) - len(unreadable) - len(new)
+            repeats = received - len(new)
             if repeats:
                 log.info("already fanned out, dropping the repeats", count=repeats)
             if new:
@@ -166,17 +168,26 @@ class Lookout:
         if not isinstance(confirm, aiormq.spec.Basic.Ack):
             raise aio_pika.exceptions.DeliveryError(None, confirm)  # type: ignore[arg-type]
 
-    async def _dead_letter(self, out: aiormq.abc.AbstractChannel, message: aio_pika.abc.AbstractIncomingMessage,
-                           reason: str) -> None:
-        """Publish an unreadable alert to the dead-letter queue (the batch's ack settles it)."""
-        confirm = await out.basic_publish(
-            message.body, routing_key=DEAD_LETTER, mandatory=True,
-            properties=aiormq.spec.Basic.Properties(delivery_mode=2, message_id=message.message_id,
-                                                    headers={REASON_HEADER: reason}))
-        if not isinstance(confirm, aiormq.spec.Basic.Ack):
-            raise aio_pika.exceptions.DeliveryError(None, confirm)  # type: ignore[arg-type]
-        DEAD_LETTERED.labels(reason="unreadable_alert").inc()
-        log.error("unreadable alert dead-lettered", alert_id=message.message_id, reason=reason)
+
+def _read(body: bytes, message_id: str | None, alerts: dict[str, Alert],
+          unreadable: list[tuple[bytes, str | None, str]]) -> int:
+    """Add the alerts of one message (an object, or a batch array: CONTRACT §3) to `alerts`
+    (first copy wins) and its unreadable parts to `unreadable`; returns how many alerts it held."""
+    try:
+        parts = split_alerts(body)
+    except (msgspec.DecodeError, ValueError) as exc:
+        unreadable.append((body, message_id, f"unreadable alert: not JSON: {exc}"))
+        return 0
+    count = 0
+    for raw in parts:
+        try:
+            alert = Alert.parse(raw, message_id if len(parts) == 1 else None)
+        except UnreadableAlert as exc:
+            unreadable.append((raw, message_id, f"unreadable alert: {exc}"))
+            continue
+        alerts.setdefault(alert.alert_id, alert)
+        count += 1
+    return count
 
 
 # KEYS: fan-out records. Returns per key 1 when it exists (already fanned out), else 0.

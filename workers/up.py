@@ -1,7 +1,7 @@
 """`aldebaran up`: every worker of one machine in one foreground process.
 
 What a user runs on a laptop and what the end-to-end tests drive: aggregators, book
-workers (per `mode`: the per-order pair or the sharded router + shard book worker), the
+workers (per `mode`: the engine, or the per-order reference's aggregator and books), the
 lookout, one deliverer per configured channel and the trace recorder, until SIGTERM or
 Ctrl-C (a clean exit 0). With `--aggregators N` / `--book-workers M` those two roles run
 as N and M child processes (`aldebaran run KIND`) instead, to use more than one core; a
@@ -44,8 +44,10 @@ def build_workers(settings: Settings, tracer: bool = True, aggregators: int = 0,
                   book_workers: int = 0) -> list[Any]:
     """The workers `up` runs for these settings, in start order."""
     aggregator_kind, books_kind = MODE_KINDS[settings.mode]
-    kinds = ([] if aggregators else [aggregator_kind]) + ([] if book_workers else [books_kind])
-    kinds += ["lookout"] + (["tracer"] if tracer else [])
+    if aggregator_kind is None:  # the engine: one role
+        aggregators = 0
+    kinds = ([] if aggregators or aggregator_kind is None else [aggregator_kind])
+    kinds += ([] if book_workers else [books_kind]) + ["lookout"] + (["tracer"] if tracer else [])
     workers = [_module(kind).build(settings) for kind in kinds if _module(kind)]
     children = [(aggregator_kind, i, aggregators) for i in range(aggregators)]
     children += [(books_kind, i, book_workers) for i in range(book_workers)]
@@ -83,9 +85,6 @@ class ChildProcesses:
         env.pop("WATCHDOG_PID", None)
         env["NOTIFY_SOCKET"] = notify_path
         env["ALDEBARAN_MODE"] = self.settings.mode
-        if kind in ("books", "shard-books"):
-            env["ALDEBARAN_SHARD_WORKERS"] = str(count)
-            env["ALDEBARAN_SHARD_WORKER_INDEX"] = str(index)
         return env
 
     async def _spawn(self, slot: int, notify_path: str) -> asyncio.subprocess.Process:

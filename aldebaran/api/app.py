@@ -4,17 +4,19 @@ Shapes follow the document verbatim (`status`, `key`, `messages[]`, `stats`), so
 curl sequence works unchanged. A downstream system that cannot speak AMQP pulls the
 alerts of a `queue-api` channel here.
 
-The dashboard at `/` is another module's: if `aldebaran.api.dashboard` exists and
-exposes `router` (a FastAPI `APIRouter`), it is included after the API routes.
+The dashboard at `/` is another module's (`aldebaran.api.dashboard`), which builds on
+this one: `create_app(settings, routers=[...])` includes its router after the API's.
+Every request body is bounded before anything reads it (`BodyLimit`), with or without
+a token.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
+import json
 import secrets
 from contextlib import asynccontextmanager, suppress
-from typing import Annotated, AsyncIterator, Callable
+from typing import Annotated, Any, AsyncIterator, Callable, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -88,13 +90,13 @@ def _batch_note(wanted: int, got: int) -> str:
     return "Requested batch-size available." if got >= wanted else "Fewer messages available than requested."
 
 
-_bearer = HTTPBearer(auto_error=False, description="Required when the server has `api_token` set.")
+bearer = HTTPBearer(auto_error=False, description="Required when the server has `api_token` set.")
 
 
-def _authorizer(token: str | None) -> Callable[..., None]:
+def authorizer(token: str | None) -> Callable[..., None]:
     """A dependency that lets everything through without a token, else checks it."""
 
-    def authorize(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    def authorize(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
         if token is None:
             return
         given = credentials.credentials if credentials else ""
@@ -127,8 +129,66 @@ async def _rescue_loop(queue: PullQueue, interval: float, stopping: asyncio.Even
             await asyncio.wait_for(stopping.wait(), timeout=interval)
 
 
-def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms) -> FastAPI:
-    """The API bound to `settings.api_queue`; Redis is opened in the lifespan."""
+class BodyLimit:
+    """ASGI middleware: a body over `max_bytes` gets 413 before it is read into memory.
+
+    A declared Content-Length over the limit is refused at once; a chunked body is
+    counted as it streams and cut off at the limit. It runs before authentication, so a
+    huge POST without a token costs nothing either.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        received, started, refused = 0, False, False
+
+        async def counted() -> dict[str, Any]:
+            # Over the limit: answer 413 now and tell the app the client left (an exception
+            # here would become FastAPI's 400), then drop whatever the app still sends.
+            nonlocal received, refused
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes and not refused:
+                refused = True
+                if not started:
+                    await self._refuse(send)
+                return {"type": "http.disconnect"}
+            return message
+
+        async def watched(message: dict[str, Any]) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counted, watched)
+
+    async def _refuse(self, send: Any) -> None:
+        body = json.dumps({"status": "error", "message": f"Request body over {self.max_bytes} bytes."}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def body_limit(settings: Settings) -> int:
+    """Room for the largest message `send-message` accepts, JSON-escaped (6 bytes a byte at worst)."""
+    return settings.max_message_bytes * 6 + 4096
+
+
+def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms,
+               routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """The API bound to `settings.api_queue`, plus `routers`; Redis is opened in the lifespan."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -154,18 +214,19 @@ def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms) 
                   lifespan=lifespan)
     app.state.settings = settings  # for routers included below (the dashboard reads its vhost, channels)
     app.include_router(_api_router(settings))
-    for router in _extra_routers():
+    for router in routers:
         app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=body_limit(settings))
     return app
 
 
 def _api_router(settings: Settings) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(_authorizer(settings.api_token))],
+    router = APIRouter(dependencies=[Depends(authorizer(settings.api_token))],
                        responses={401: {"description": "Missing or wrong bearer token"}})
 
     @router.post("/send-message", response_model=SendReply,
                  responses={400: {"description": EMPTY_MESSAGE, "content": {"text/plain": {}}},
-                            413: {"model": ErrorReply}})
+                            413: {"model": ErrorReply, "description": "Message or request body too large"}})
     async def send_message(body: SendBody, queue: QueueDep) -> object:
         """Enqueue one message; its key (a UUID) is what the consumer deletes later."""
         if not body.message:
@@ -203,14 +264,3 @@ def _api_router(settings: Settings) -> APIRouter:
             dead_letter_count=stats.dead_letter_count))
 
     return router
-
-
-def _extra_routers() -> list[APIRouter]:
-    """The dashboard's router, when that module is part of this build."""
-    try:
-        module = importlib.import_module("aldebaran.api.dashboard")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("aldebaran.api.dashboard",):
-            return []
-        raise
-    return [module.router]

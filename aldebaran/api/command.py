@@ -43,7 +43,7 @@ def check_exposure(host: str, settings: Settings) -> None:
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from aldebaran.api.app import create_app
+    from aldebaran.api.dashboard import create_app
 
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import redis
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from aldebaran.api.app import _authorizer, _bearer
+from aldebaran.api import app as api_app
+from aldebaran.api.app import authorizer, bearer
 from aldebaran.api.pullqueue import PullQueue
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import AldebaranError
@@ -66,9 +67,14 @@ def _settings(request: Request) -> Settings:
 
 
 def _authorize(request: Request,
-               credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+               credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     """The data needs the API's bearer token when one is set; the page itself holds none."""
-    _authorizer(_settings(request).api_token)(credentials)
+    authorizer(_settings(request).api_token)(credentials)
+
+
+def create_app(settings: Settings, **options: Any) -> FastAPI:
+    """What `aldebaran api` serves: the pull API with this page (the API never imports the page)."""
+    return api_app.create_app(settings, routers=[router], **options)
 
 
 @router.get("/", include_in_schema=False)

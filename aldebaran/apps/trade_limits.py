@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
+
+import msgspec
 
 from aldebaran.core.rule import Alert, iso_utc
 from aldebaran.trades.codec import TRADE_CODEC
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 
 
-@dataclass(slots=True)
-class Order:
+class Order(msgspec.Struct, gc=False):
+    """One order's book state (a Struct without GC tracking: the engine holds millions)."""
+
     order_id: str
     request: PurchaseRequest | None = None
-    purchases: list[Purchase] = field(default_factory=list)
+    purchases: list[Purchase] = msgspec.field(default_factory=list)
     purchased: int = 0
     alerted: bool = False
 

@@ -1,1 +1,1 @@
-"""`aldebaran bench`: the side-by-side benchmark of the broker ceiling, naive, per-order and sharded modes."""
+"""`aldebaran bench`: the engine beside the broker ceiling, a hand-written consumer and Bytewax."""

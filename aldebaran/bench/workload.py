@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import re
 import string
-from bisect import bisect_left
 from dataclasses import dataclass
-from functools import cached_property
-from itertools import accumulate
 
 import msgspec
 
@@ -48,63 +45,21 @@ class Workload:
         letter = LETTERS[round_index - 1].encode()
         return Body(_ID.sub(rb"\1" + letter, body.data), body.events, body.content_type)
 
-    def round_expected(self, round_index: int, bodies: int | None = None) -> set[str]:
-        """The alerts of round `round_index`, or of only its first `bodies` bodies (a cut round)."""
-        end = len(self.bodies) if bodies is None else min(bodies, len(self.bodies))
-        return self.range_expected(round_index, 0, end)
-
-    def range_expected(self, round_index: int, start: int, end: int) -> set[str]:
-        """The alerts of bodies [start, end) of round `round_index` published alone: exact when no
-        order straddles `start` (a clean boundary) and the bodies after `end` are never published."""
-        if (start, end) == (0, len(self.bodies)):
-            alerts = self.expected
-        else:
-            alerts = expected_alerts(self.events[self.offsets[start]:self.offsets[end]])
+    def round_expected(self, round_index: int) -> set[str]:
+        """The alerts of round `round_index`: the base stream's, relabelled."""
         if round_index == 0:
-            return set(alerts)
+            return set(self.expected)
         letter = LETTERS[round_index - 1]
-        return {alert.replace(":o", f":{letter}", 1) for alert in alerts}
-
-    @cached_property
-    def offsets(self) -> list[int]:
-        """Events before each body boundary: boundary i lies before body i."""
-        return list(accumulate((body.events for body in self.bodies), initial=0))
-
-    @cached_property
-    def clean(self) -> list[int]:
-        """The body boundaries no order straddles, ascending: a publisher may pause there
-        without leaving any order's book waiting for events that come a pause later."""
-        return clean_boundaries(self.events, self.offsets)
-
-    def next_clean(self, index: int) -> int:
-        """The first clean boundary at or after `index` (the round's end at the latest)."""
-        return self.clean[bisect_left(self.clean, index)]
+        return {alert.replace(":o", f":{letter}", 1) for alert in self.expected}
 
     @property
     def max_rounds(self) -> int:
         return len(LETTERS) + 1
 
 
-def clean_boundaries(events: list[TradeEvent], offsets: list[int]) -> list[int]:
-    """Boundaries i (before body i, `offsets[i]` events in) such that no order has events in
-    bodies both before and after i; 0 and the last are always clean. O(events): each order's
-    first and last body, then a difference array of the boundaries it straddles."""
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for body in range(len(offsets) - 1):
-        for event in events[offsets[body]:offsets[body + 1]]:
-            first.setdefault(event.order_id, body)
-            last[event.order_id] = body
-    straddling = [0] * len(offsets)
-    for order, begin in first.items():
-        if last[order] > begin:
-            straddling[begin + 1] += 1
-            straddling[last[order] + 1] -= 1
-    return [boundary for boundary, open_orders in enumerate(accumulate(straddling)) if open_orders == 0]
-
-
-def build(orders: int, batch: int, seed: int = 2026) -> Workload:
-    stream = generate(orders=orders, seed=seed, orphans=0.02)
+def build(orders: int, batch: int, seed: int = 2026, over_share: float = 0.35, orphans: float = 0.02) -> Workload:
+    """`orders` orders in msgpack batch bodies of `batch` events; `over_share` of them over-purchase."""
+    stream = generate(orders=orders, seed=seed, orphans=orphans, over_share=over_share)
     bodies = [Body(encode_msgpack(stream.events[i:i + batch]), len(stream.events[i:i + batch]), MSGPACK)
               for i in range(0, len(stream.events), batch)]
     return Workload(stream.events, stream.expected, bodies, batch)

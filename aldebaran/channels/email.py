@@ -13,6 +13,7 @@ from email.message import EmailMessage
 import aiosmtplib
 
 from aldebaran.channels.base import Alert
+from aldebaran.channels.text import one_line
 from aldebaran.settings import EmailChannel, Settings
 
 _DOT_ATOM = re.compile(r"^[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+(\.[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+)*$")
@@ -42,7 +43,7 @@ class EmailSink:
         message = EmailMessage()
         message["From"] = self._config.sender
         message["To"] = ", ".join(self._config.recipients)
-        message["Subject"] = f"[Aldebaran] {alert.summary()}"
+        message["Subject"] = f"[Aldebaran] {one_line(alert.summary())}"
         message["Message-ID"] = message_id(alert.alert_id)
         message.set_content(json.dumps(alert.fields, indent=2, sort_keys=True))
         return message

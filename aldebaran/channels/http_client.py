@@ -1,8 +1,38 @@
-"""The HTTP client the HTTP-based sinks share: one pool, the channel's timeout, no redirects."""
+"""The HTTP client the HTTP-based sinks share: one pool, no redirects, every answer bounded.
+
+A recipient is outside our control: it may answer 300 MB, drip one byte every two
+seconds, or be a URL pointing at this machine's cloud metadata service. So a request
+has one deadline for everything (connect, send, read), reads at most `MAX_RESPONSE_BYTES`
+of the answer, and link-local addresses are refused unless the channel allows them.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
 import httpx
+
+from aldebaran import config_checks
+from aldebaran.settings import mask_url
+
+MAX_RESPONSE_BYTES = 64 * 1024  # what a recipient's answer may be; the rest is never read
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A recipient's answer: its status and at most MAX_RESPONSE_BYTES of its body."""
+
+    status_code: int
+    url: str
+    body: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
 
 
 def client(timeout_seconds: float, **options: object) -> httpx.AsyncClient:
@@ -10,7 +40,57 @@ def client(timeout_seconds: float, **options: object) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=timeout_seconds, follow_redirects=False, **options)  # type: ignore[arg-type]
 
 
-def check(response: httpx.Response) -> None:
-    """Raise with the status and the start of the body, which becomes the parked reason."""
-    if not response.is_success:
-        raise RuntimeError(f"HTTP {response.status_code} from {response.request.url}: {response.text[:200]}")
+def idempotency_key(value: str) -> str:
+    """A header-safe `Idempotency-Key`: the value percent-encoded as UTF-8 (RFC 3986).
+
+    Ids may hold any character (CONTRACT §1); a header may not (non-ASCII, CR/LF, NUL).
+    Letters, digits and `-._~:/` stay as they are, so `over_purchase:1` is unchanged and
+    the encoding is reversible: a recipient can percent-decode the header to get the id.
+    """
+    return quote(value, safe=":/")
+
+
+def is_link_local(host: str) -> bool:
+    """169.254.0.0/16 or fe80::/10 (cloud metadata services live there), zone ids ignored."""
+    return config_checks.is_link_local(host.strip("[]").split("%")[0])
+
+
+async def refuse_link_local(url: str) -> None:
+    """Raise when `url`'s host is, or resolves to, a link-local address."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if is_link_local(host):
+        raise RuntimeError(f"refused: {mask_url(url)} is a link-local address (allow_link_local is off)")
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # unresolvable: the request itself fails with the resolver's reason
+    if any(is_link_local(str(info[4][0])) for info in infos):
+        raise RuntimeError(f"refused: {mask_url(url)} resolves to a link-local address (allow_link_local is off)")
+
+
+async def post(http: httpx.AsyncClient, url: str, total_seconds: float, *,
+               allow_link_local: bool = False, **request: Any) -> Answer:
+    """POST with one deadline for the whole exchange and a bounded read of the answer."""
+    if not allow_link_local:
+        await refuse_link_local(url)
+    try:
+        async with asyncio.timeout(total_seconds):
+            async with http.stream("POST", url, **request) as response:
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) >= MAX_RESPONSE_BYTES:
+                        break  # enough to say what went wrong; closing drops the rest
+                return Answer(response.status_code, str(response.request.url), bytes(body[:MAX_RESPONSE_BYTES]))
+    except TimeoutError:
+        raise RuntimeError(f"no complete answer from {mask_url(url)} within {total_seconds:g} s") from None
+
+
+def check(answer: Answer | httpx.Response) -> None:
+    """Raise with the status and the start of the body, which becomes the parked reason (URL masked)."""
+    if isinstance(answer, httpx.Response):
+        answer = Answer(answer.status_code, str(answer.request.url), answer.content[:MAX_RESPONSE_BYTES])
+    if not answer.is_success:
+        text = answer.body[:200].decode("utf-8", "replace")
+        raise RuntimeError(f"HTTP {answer.status_code} from {mask_url(answer.url)}: {text}")

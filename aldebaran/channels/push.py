@@ -6,6 +6,7 @@ import httpx
 
 from aldebaran.channels import http_client as http
 from aldebaran.channels.base import Alert
+from aldebaran.channels.text import one_line
 from aldebaran.settings import PushChannel, Settings
 
 PATH = "/v1/push"
@@ -25,9 +26,9 @@ class PushSink:
     async def send(self, alert: Alert, target: str) -> None:
         assert self._http is not None
         payload = {"to": target, "title": f"Aldebaran: {alert.fields.get('kind', 'alert')}",
-                   "body": alert.summary(), "data": alert.fields}
-        http.check(await self._http.post(self._url, json=payload,
-                                         headers={"Idempotency-Key": f"{alert.alert_id}/{target}"}))
+                   "body": one_line(alert.summary()), "data": alert.fields}
+        http.check(await http.post(self._http, self._url, self._config.timeout_seconds, json=payload,
+                                   headers={"Idempotency-Key": http.idempotency_key(f"{alert.alert_id}/{target}")}))
 
     async def close(self) -> None:
         if self._http is not None:

@@ -10,6 +10,7 @@ import httpx
 
 from aldebaran.channels import http_client as http
 from aldebaran.channels.base import Alert
+from aldebaran.channels.text import one_line
 from aldebaran.settings import Settings, SmsChannel
 
 MAX_BODY_CHARS = 1600  # Twilio's limit for one message
@@ -28,9 +29,9 @@ class SmsSink:
 
     async def send(self, alert: Alert, target: str) -> None:
         assert self._http is not None
-        form = {"To": target, "From": self._config.from_number, "Body": alert.summary()[:MAX_BODY_CHARS]}
-        http.check(await self._http.post(self._url, data=form,
-                                         headers={"Idempotency-Key": f"{alert.alert_id}/{target}"}))
+        form = {"To": target, "From": self._config.from_number, "Body": one_line(alert.summary())[:MAX_BODY_CHARS]}
+        http.check(await http.post(self._http, self._url, self._config.timeout_seconds, data=form,
+                                   headers={"Idempotency-Key": http.idempotency_key(f"{alert.alert_id}/{target}")}))
 
     async def close(self) -> None:
         if self._http is not None:

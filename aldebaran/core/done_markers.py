@@ -1,13 +1,13 @@
 """The keys of closed books, remembered so their late events change nothing. Pure.
 
-A shard closes thousands of books a second under load and must remember each for
-`shard_done_retention_seconds` of watermark time, so the store is what bounds a shard
-worker's memory. It keeps one set of key strings per application (the string the book
+The engine closes thousands of books a second under load and must remember each for
+`engine.done_retention_seconds` of pipeline time, so the store is what bounds the
+engine's memory. It keeps one set of key strings per application (the string the book
 already held: no tuple, no float, no heap entry per key) and the keys in groups that
 expire together, oldest first. A cap bounds it whatever the order rate: past it the
 oldest keys are forgotten before their expiry and counted, so the effective retention
 shrinks visibly instead of the memory growing. A forgotten key's very late event opens a
-fresh book, exactly as after the retention (docs/sharding.md).
+fresh book, exactly as after the retention (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from aldebaran.core.snapshot import DoneGroup
+import msgspec
+
+
+class DoneGroup(msgspec.Struct, array_like=True, gc=False):
+    """Keys of one application closed together, forgotten together: one array, not one per key."""
+
+    app: str
+    expires_at: float
+    keys: list[str]
 
 # Keys closed within this many seconds of each other share a group (expiring up to this late).
 GROUP_SECONDS = 1.0

@@ -65,6 +65,10 @@ class Keys:
     def recent_alerts(self) -> str:
         return f"{self.prefix}:recent-alerts"
 
+    def engine(self, part: str) -> str:
+        """The engine's durable state: `owner` (the lease), `wal`, `done`, `pending` (the outbox)."""
+        return f"{self.prefix}:engine:{part}"
+
     def pull_queue(self, queue: str) -> str:
         """Root of the AweQ-style pull queue's keys."""
         return f"{self.prefix}:pullq:{queue}"

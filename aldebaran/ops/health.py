@@ -50,9 +50,9 @@ def check_management(settings: Settings, timeout: float) -> Check:
         with Management(settings, timeout=timeout) as mgmt:
             overview = mgmt.overview()
             mgmt.vhost_info()
-            target = mgmt.url
+            target = mask_url(mgmt.url)
     except AldebaranError as exc:
-        return Check("management", mask_url(settings.management_url), False, str(exc))
+        return Check("management", mask_url(settings.management_url), False, mask_url(str(exc)))
     return Check("management", target, True, f"RabbitMQ {overview.get('rabbitmq_version', '?')}, vhost found")
 
 

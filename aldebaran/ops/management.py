@@ -58,6 +58,18 @@ class Management:
             raise UnavailableError(f"RabbitMQ management API at {self.url}: {path} answered {response.status_code}")
         return response.json()
 
+    def put(self, path: str, body: dict[str, Any]) -> None:
+        """Create or replace an object (a user, a permission); the API answers without a body."""
+        try:
+            response = self._http.put(path, json=body)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"RabbitMQ management API at {self.url} unreachable: {exc or type(exc).__name__}") from None
+        if response.status_code == 401:
+            raise ConfigError(f"RabbitMQ management API at {self.url} refused the credentials (check ALDEBARAN_MANAGEMENT_URL)")
+        if response.is_error:
+            raise UnavailableError(f"RabbitMQ management API at {self.url}: PUT {path.split('/')[2]} answered "
+                                   f"{response.status_code}")
+
     def overview(self) -> dict[str, Any]:
         return self._call("GET", "/api/overview")
 

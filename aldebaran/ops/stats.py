@@ -24,7 +24,7 @@ from aldebaran.io.redis import Keys
 from aldebaran.log import get_logger
 from aldebaran.ops.management import Management
 from aldebaran.settings import Settings, mask_url
-from declare.topology import DEAD_LETTER, REASON_HEADER, SHARD_PREFIX
+from declare.topology import DEAD_LETTER, REASON_HEADER
 
 log = get_logger("stats")
 
@@ -107,18 +107,14 @@ def summarise_queues(raw: list[dict[str, Any]]) -> tuple[list[QueueStats], list[
 
     Returns (rows to show, the per-order book queues themselves).
     """
-    named, books, shards = [], [], []
+    named, books = [], []
     for item in raw:
         q = queue_stats(item)
-        if q.name.startswith(SHARD_PREFIX):
-            shards.append(q)
-        elif q.name.startswith(BOOK_PREFIX):
+        if q.name.startswith(BOOK_PREFIX):
             books.append(q)
         else:
             named.append(q)
     rows = sorted(named, key=lambda q: q.name)
-    if shards:
-        rows.append(_family(f"{SHARD_PREFIX}*", shards))
     if books:
         rows.append(_family(f"{BOOK_PREFIX}*", books))
     return rows, books

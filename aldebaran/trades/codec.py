@@ -12,7 +12,7 @@ from typing import Annotated, Any, Iterable
 
 import msgspec
 
-from aldebaran.trades.events import MAX_SHARES, Purchase, PurchaseRequest, TradeEvent
+from aldebaran.trades.events import MAX_ID_BYTES, MAX_SHARES, Purchase, PurchaseRequest, TradeEvent, id_too_long
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -42,7 +42,7 @@ class Decoded:
 # it: exact key names only (an unknown or differently spelt key fails the fast decode),
 # share counts as integers in range, ids as strings or int64, labels of 1-200 characters.
 # What it cannot judge cheaply in C (a label of only blanks: a regex per string costs 4x
-# the whole decode) is checked in `_typed`. Anything the fast path refuses goes through
+# the whole decode; an id over 200 bytes of UTF-8) is checked in `_typed`. Anything the fast path refuses goes through
 # the per-element path, which alone words the rejects.
 _Label = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 _IntId = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # str() of it: <= 20 characters
@@ -80,8 +80,8 @@ def _ident(value: Any, name: str) -> str:
     text = str(value) if isinstance(value, int) else value
     if not text.strip():
         raise DecodeError(f"{name} must be a non-empty string or an integer, got {_show(value)}")
-    if len(text) > 200:
-        raise DecodeError(f"{name} must be at most 200 characters, got {len(text)}")
+    if (size := id_too_long(text)) is not None:
+        raise DecodeError(f"{name} must be at most {MAX_ID_BYTES} bytes of UTF-8, got {size}")
     return text
 
 
@@ -139,7 +139,7 @@ def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
         ident = wire.id
         if ident.__class__ is int:
             ident = str(ident)
-        elif not ident.strip():
+        elif not ident.strip() or id_too_long(ident) is not None:
             return None
         client, stock = wire.client, wire.stock
         if not (client.strip() and stock.strip()):
@@ -150,7 +150,7 @@ def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
             continue
         if order.__class__ is int:
             order = str(order)
-        elif not order.strip():
+        elif not order.strip() or id_too_long(order) is not None:
             return None
         append(Purchase(ident, order, wire.shares, client, stock))
     return events
@@ -257,6 +257,31 @@ def _decode_structured(body: bytes, decoded: Decoded, anything: Any, encode: Any
         decoded.events.append(event_from_mapping(value))
 
 
+SUMMARY_OVER = 10  # rejects in one message beyond which they become one summary dead letter
+
+
+def dead_letters(decoded: Decoded, body: bytes, limit: int = SUMMARY_OVER) -> list[DecodeError]:
+    """What to dead-letter for one message: each reject alone, or one summary of them all.
+
+    A batch of 3,000 junk elements must not become 3,000 dead letters (and log lines):
+    past `limit` rejects the whole message is dead-lettered once, its reason counting
+    each distinct reason with its first index. Every consumer of trade data calls this.
+    """
+    rejects = decoded.rejects
+    if len(rejects) <= limit:
+        return rejects
+    kinds: dict[str, list[int]] = {}
+    for reject in rejects:
+        seen = kinds.setdefault(reject.reason, [0, reject.index if reject.index is not None else -1])
+        seen[0] += 1
+    total = len(rejects) + len(decoded.events)
+    parts = [f"{count} x {reason} (first at index {first})"
+             for reason, (count, first) in sorted(kinds.items(), key=lambda kv: -kv[1][0])[:20]]
+    more = f"; and {len(kinds) - 20} other reasons" if len(kinds) > 20 else ""
+    reason = f"{len(rejects)} of {total} batch elements rejected: " + "; ".join(parts) + more
+    return [DecodeError(reason[:4000], body)]
+
+
 def encode_json(events: Iterable[TradeEvent]) -> bytes:
     """A JSON array batch in the public wire form."""
     return _json_encoder.encode([e.to_wire() for e in events])
@@ -288,6 +313,9 @@ class TradeCodec:
 
     def decode(self, body: bytes, content_type: str | None, max_bytes: int) -> Decoded:
         return decode_message(body, content_type, max_bytes)
+
+    def dead_letters(self, decoded: Decoded, body: bytes) -> list[DecodeError]:
+        return dead_letters(decoded, body)
 
     def pack(self, event: TradeEvent) -> bytes:
         return _internal_encoder.encode(event)

@@ -5,6 +5,17 @@ from __future__ import annotations
 import msgspec
 
 MAX_SHARES = 10**15  # far beyond any real order; keeps sums exact and inside int64
+# CONTRACT §1: an id is at most 200 bytes of UTF-8, so every name derived from it (an
+# alert id `<kind>:<id>` as the AMQP message_id, a queue name) fits AMQP's 255 bytes.
+MAX_ID_BYTES = 200
+
+
+def id_too_long(text: str) -> int | None:
+    """The id's UTF-8 length when over MAX_ID_BYTES, else None (cheap for short ids)."""
+    if len(text) <= MAX_ID_BYTES // 4:  # 4 bytes a character at most: cannot be over
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > MAX_ID_BYTES else None
 
 
 class PurchaseRequest(msgspec.Struct, frozen=True, gc=False, tag="request"):

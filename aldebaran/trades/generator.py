@@ -44,8 +44,8 @@ def expected_alerts(events: list[TradeEvent]) -> set[str]:
 
 
 def generate(orders: int, seed: int = 7, prefix: str = "o", duplicates: float = 0.02,
-             orphans: float = 0.0, shuffle_window: int = 50) -> Stream:
-    """`orders` orders of 1-6 purchases each; about a third of them over-purchase.
+             orphans: float = 0.0, shuffle_window: int = 50, over_share: float = 0.35) -> Stream:
+    """`orders` orders of 1-6 purchases each; `over_share` of them over-purchase (about a third).
 
     `duplicates` re-sends that share of events; `orphans` drops the request of that
     share of orders (they fire purchase_without_request when their book closes);
@@ -58,7 +58,7 @@ def generate(orders: int, seed: int = 7, prefix: str = "o", duplicates: float = 
         client, stock = rng.choice(CLIENTS), rng.choice(STOCKS)
         limit = rng.randint(50, 100)
         fills = rng.randint(1, 6)
-        over = rng.random() < 0.35
+        over = rng.random() < over_share
         target = limit + rng.randint(1, 30) if over else rng.randint(fills, limit)
         shares = _split(rng, target, fills)
         if rng.random() >= orphans:

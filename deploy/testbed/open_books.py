@@ -31,7 +31,7 @@ def main(books: int) -> None:
         port = sock.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALDEBARAN_")}
     env.update(ALDEBARAN_AMQP_URL=vhost.amqp_url, ALDEBARAN_REDIS_KEY_PREFIX=prefix, ALDEBARAN_LOG_FORMAT="json",
-               ALDEBARAN_BOOK_TTL_SECONDS="900", ALDEBARAN_MAX_OPEN_BOOKS=str(books + 1000))
+               ALDEBARAN_BOOK_TTL_SECONDS="900", ALDEBARAN_PER_ORDER__MAX_OPEN_BOOKS=str(books + 1000))
     try:
         pipeline.declare(env)
         broker = pipeline.Broker(vhost.amqp_url)

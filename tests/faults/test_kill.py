@@ -3,7 +3,8 @@
 Expected: every sink gets every expected alert exactly once (Kafka's and Flink's
 hard-bounce tests: input = output, no duplicates).
 
-`router` and `shard-books` run the sharded mode (`mode = "sharded"`) on quorum queues.
+`engine` runs the default mode (the engine) on quorum queues; `aggregator` and `books` run
+the per-order reference mode.
 
 `tracer` kills the firehose recorder and then runs the nightly PySpark audit on what it
 wrote. Its files must stay readable (a torn write, simulated at the first kill, is cut
@@ -35,19 +36,17 @@ from workers.channel import PREFETCH as HOOK_PREFETCH
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 POINTS = (0.2, 0.5, 0.8)
 # In CI the delivery side (lookout and both channel deliverers) is killed together at each
-# point ("lookout+hook+pull"), and so are the sharded mode's router and shard book worker,
-# to keep the suite short; the recorded matrix (FAULTS_SCALE=full) kills each kind alone.
-KINDS = (["aggregator", "books", "lookout", "hook", "pull", "tracer", "router", "shard-books"] if FULL
-         else ["aggregator", "books", "lookout+hook+pull", "tracer", "router+shard-books"])
-SHARDED_KINDS = {"router", "shard-books"}
-SHARDED_ENV = {"ALDEBARAN_MODE": "sharded", "ALDEBARAN_QUEUE_TYPE": "quorum", "ALDEBARAN_SHARDS": "4"}
+# point ("lookout+hook+pull"), and the per-order reference's two kinds together, to keep the
+# suite short; the recorded matrix (FAULTS_SCALE=full) kills each kind alone.
+KINDS = (["engine", "aggregator", "books", "lookout", "hook", "pull", "tracer"] if FULL
+         else ["engine", "aggregator+books", "lookout+hook+pull", "tracer"])
+PER_ORDER_KINDS = {"aggregator", "books"}
+ENGINE_ENV = {"ALDEBARAN_QUEUE_TYPE": "quorum", "ALDEBARAN_ENGINE__LEASE_SECONDS": "1"}
 # Cases that record traces and audit them (a Spark audit costs ~30 s on a quiet 2-core box,
 # minutes under load: CI audits one run).
 TRACED = {"tracer", "aggregator"} if FULL else {"tracer"}
 CHANNELS = ["hook", "pull"]
-LABELS = {"router": "SIGKILL router (sharded, quorum queues)",
-          "shard-books": "SIGKILL shard-books (sharded, quorum queues)",
-          "router+shard-books": "SIGKILL router+shard-books (sharded, quorum queues)",
+LABELS = {"engine": "SIGKILL engine (default mode, quorum queues)",
           "tracer": "SIGKILL tracer (torn write at the 1st kill), then a fault-free tail; PySpark audit",
           "aggregator": "SIGKILL aggregator, tracer on; PySpark audit" if FULL else "SIGKILL aggregator"}
 
@@ -79,10 +78,10 @@ def test_sigkill_each_worker_kind_three_times(kind, fault_env, webhook, redis_pr
     expected = stream.expected | (tail.expected if tail else set())
     events = len(stream.events) + (len(tail.events) if tail else 0)
     targets = kind.split("+")
-    sharded = bool(SHARDED_KINDS & set(targets))
+    per_order = bool(PER_ORDER_KINDS & set(targets))
     traced = kind in TRACED
-    env = dict(fault_env, **(SHARDED_ENV if sharded else {}))
-    roles = ("router", "shard-books") if sharded else ("aggregator", "books")
+    env = dict(fault_env, ALDEBARAN_MODE="per-order") if per_order else dict(fault_env, **ENGINE_ENV)
+    roles = ("aggregator", "books") if per_order else ("engine",)
     fleet = Fleet(env, tmp_path / "logs", kinds=(*roles, "lookout", "hook", "pull", *(("tracer",) if traced else ())))
     traces = Path(env["ALDEBARAN_TRACES_DIR"])
     killed_at: list[int] = []  # epoch ms of each tracer kill
@@ -164,10 +163,8 @@ def test_sigkill_each_worker_kind_three_times(kind, fault_env, webhook, redis_pr
     assert all(code is None for code in alive.values()), alive
     assert all(r.ok for r in reports.values()), describe(reports.values()) + "\n" + fleet.tail(targets[0])
     assert all(code == 0 for code in codes.values()), (codes, fleet.all_logs()[-5000:])
-    if sharded:  # the run really was the sharded mode on quorum queues
-        shard_queues = {f"book-shard-{n}" for n in range(int(SHARDED_ENV["ALDEBARAN_SHARDS"]))}
-        durable = shard_queues | {"Aldebaran.Trade_Data", "Aldebaran.Alert", "Aldebaran.Channel.hook",
-                                  "Aldebaran.Channel.pull"}
+    if not per_order:  # the run really was the engine on quorum queues
+        durable = {"Aldebaran.Trade_Data", "Aldebaran.Alert", "Aldebaran.Channel.hook", "Aldebaran.Channel.pull"}
         assert {queue_types.get(name) for name in durable} == {"quorum"}, queue_types
     if failure is not None:
         raise failure

@@ -152,9 +152,7 @@ def collect_alerts(broker: Broker, expected: int, timeout: float = 60, settle: f
     while time.monotonic() < deadline:
         batch = broker.drain(TAP)
         for properties, body in batch:
-            alert = json.loads(body)
-            assert properties.message_id == alert["alert_id"]
-            alerts.append(alert)
+            alerts += read_alert_message(properties, body)
         if len(alerts) >= expected:
             settled_at = settled_at or time.monotonic()
             if time.monotonic() - settled_at >= settle:
@@ -162,6 +160,18 @@ def collect_alerts(broker: Broker, expected: int, timeout: float = 60, settle: f
         if not batch:
             time.sleep(0.1)
     return alerts
+
+
+def read_alert_message(properties: pika.spec.BasicProperties, body: bytes) -> list[dict]:
+    """The alerts of one `Aldebaran.Alert` message: one object (message_id = alert_id) or a
+    batch, a JSON array under a batch id (CONTRACT §3)."""
+    value = json.loads(body)
+    if isinstance(value, list):
+        assert properties.message_id and properties.message_id.startswith("batch:"), properties.message_id
+        assert value and all(isinstance(alert, dict) for alert in value)
+        return value
+    assert properties.message_id == value["alert_id"]
+    return [value]
 
 
 def alert_counts(alerts: list[dict]) -> Counter[str]:

@@ -74,7 +74,7 @@ class AlertOutbox:
     async def emit_many(self, alerts: Sequence[Alert]) -> list[bool]:
         """`emit` for a batch: the same three steps and guarantees, in two Redis calls.
 
-        Why: the sharded mode fires thousands of alerts per second; one round trip per
+        Why: a burst of closing books fires thousands of alerts per second; one round trip per
         step per alert (or a pipeline of one command per alert) made Redis and the
         client's command encoding the bottleneck. Each step is one Lua call for the batch.
         """

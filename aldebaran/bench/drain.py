@@ -1,0 +1,218 @@
+"""The prefilled drain: fill the ingress with a workload, then time a consumer emptying it.
+
+Every system in the side-by-side table is measured the same way: the queue holds the
+whole workload before the consumer starts; the clock and the CPU meter (the consumer's
+processes, RabbitMQ, Redis) start at its first processed message and stop when it has
+processed every event, so start-up is not timed and CPU µs per event compare like with
+like. Alerts are then checked against the generator's expected set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import aiormq
+import aiormq.abc
+import msgspec
+from pamqp import commands as spec
+
+from aldebaran.bench.environment import CpuMeter, Place, free_ports
+from aldebaran.bench.metrics_scrape import scrape, total
+from aldebaran.io.alert_bus import split_alerts
+from aldebaran.io.publisher import Body
+from declare.declarer import declare_async
+from declare.topology import ALERT, TRADE_DATA
+
+TAP = "bench.alert-tap"
+FILL_WINDOW = 200
+POLL_SECONDS = 0.1
+
+
+@dataclass
+class Drain:
+    """What one drained run measured."""
+
+    name: str
+    events: int = 0
+    seconds: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # label -> cores over the run
+    alerts: Counter[str] | None = None  # None: this system computes no alerts
+    last_alert_after: float | None = None  # seconds from the last event processed to the last alert out
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+    def cpu_us_per_event(self) -> dict[str, float]:
+        """Machine CPU per event, per process kind (µs): cores x seconds / events."""
+        if not self.events:
+            return {}
+        return {label: cores * self.seconds / self.events * 1e6 for label, cores in self.cpu.items()}
+
+
+async def fill(place: Place, bodies: Sequence[Body]) -> None:
+    """Declare the topology, then publish every body (persistent, confirmed) before the clock starts."""
+    connection = await aiormq.connect(place.amqp_url)
+    try:
+        channel = await connection.channel()
+        from aio_pika import connect
+
+        declarer = await connect(place.amqp_url)
+        await declare_async(await declarer.channel(), place.settings())
+        await declarer.close()
+        await channel.confirm_delivery()
+        slots = asyncio.Semaphore(FILL_WINDOW)
+
+        async def send(body: Body) -> None:
+            async with slots:
+                confirm = await channel.basic_publish(
+                    body.data, exchange=TRADE_DATA, routing_key=TRADE_DATA,
+                    properties=spec.Basic.Properties(delivery_mode=2, content_type=body.content_type))
+                if not isinstance(confirm, spec.Basic.Ack):
+                    raise RuntimeError(f"prefill refused: {confirm!r}")
+
+        await asyncio.gather(*(send(body) for body in bodies))
+    finally:
+        await connection.close()
+
+
+async def tap(place: Place, received: Counter[str], seen_at: list[float]) -> aiormq.abc.AbstractConnection:
+    """Count every alert on `Aldebaran.Alert` (both forms) by alert id, and when each came."""
+    connection = await aiormq.connect(place.amqp_url)
+    channel = await connection.channel()
+    await channel.queue_declare(TAP, durable=False, exclusive=True)
+    await channel.queue_bind(TAP, ALERT, routing_key=ALERT)
+    decoder = msgspec.json.Decoder()
+
+    def on_alert(message: aiormq.abc.DeliveredMessage) -> None:
+        for raw in split_alerts(message.body):
+            received[decoder.decode(raw)["alert_id"]] += 1
+        seen_at.append(time.monotonic())
+
+    await channel.basic_consume(TAP, on_alert, no_ack=True)
+    return connection
+
+
+async def peer_drain(place: Place, kind: str, name: str, bodies: Sequence[Body], events: int,
+                     workdir: Path) -> Drain:
+    """One of `aldebaran.bench.peers` draining the fill in its own process."""
+    result = Drain(name)
+    await fill(place, bodies)
+    path = workdir / f"{kind}-{place.vhost}.json"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aldebaran.bench.peers", kind, place.amqp_url, str(events), str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=open(workdir / f"{kind}-{place.vhost}.err", "wb"))
+    meter = CpuMeter()
+    assert process.stdout is not None
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=120)
+        if line.strip() != b"started":
+            raise RuntimeError(f"{kind} did not start: {line!r}")
+        meter.start([process.pid])
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=3600)
+        result.cpu = meter.stop()
+        if line.strip() != b"done":
+            raise RuntimeError(f"{kind} failed: {(workdir / f'{kind}-{place.vhost}.err').read_text()[-2000:]}")
+    finally:
+        if process.returncode is None:
+            await process.wait()
+    measured = json.loads(path.read_text())
+    result.events, result.seconds = measured["events"], measured["seconds"]
+    if measured["alerts"] is not None:
+        result.alerts = Counter(measured["alerts"])
+    return result
+
+
+async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl: float, workdir: Path,
+                       delivery: bool = False, env: dict[str, str] | None = None) -> Drain:
+    """`aldebaran run engine` draining the fill; with `delivery`, the lookout and two channel
+    workers (queue-api and amqp) run beside it and the alerts are counted where they land."""
+    from aldebaran.bench.delivery import Delivery
+
+    result = Drain("engine, 1 process" + (" (+ lookout, queue-api and amqp channels)" if delivery else ""))
+    await fill(place, bodies)
+    received: Counter[str] = Counter()
+    seen: list[float] = []
+    connection = await tap(place, received, seen)
+    port = free_ports(1)
+    full_env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning", **(env or {}))
+    extra = Delivery(place, workdir, full_env) if delivery else None
+    logs = open(workdir / f"engine-{place.vhost}.log", "wb")
+    meter = CpuMeter()
+    if extra is not None:
+        await extra.start()
+    ready = ReadySocket(workdir / f"notify-{place.vhost}")
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
+        env=dict(extra.env if extra else full_env, NOTIFY_SOCKET=str(ready.path)), stdout=logs, stderr=logs)
+    try:
+        await ready.wait(worker)
+        meter.start([worker.pid, *(extra.pids if extra else [])])
+        started = time.monotonic()
+        result.seconds = await _processed(port, worker, events) - started
+        result.cpu = meter.stop()
+        result.events = events
+        finished = time.monotonic()
+        await asyncio.sleep(ttl + 2)  # books close: purchase_without_request comes after their ttl
+        result.alerts = received
+        if extra is not None:
+            landed = await extra.wait_landed(set(received), timeout=ttl + 120)
+            result.last_alert_after = landed - finished
+            result.note = extra.summary(set(received))
+        elif seen:
+            result.last_alert_after = max(seen) - finished
+    finally:
+        worker.terminate()
+        await worker.wait()
+        if extra is not None:
+            await extra.stop()
+        logs.close()
+        await connection.close()
+    return result
+
+
+async def _processed(port: int, worker: asyncio.subprocess.Process, events: int) -> float:
+    """Poll the engine's book-event counter until it reaches `events`; when it did (monotonic)."""
+    while True:
+        done = total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total")
+        if done >= events:
+            return time.monotonic()
+        if worker.returncode is not None:
+            raise RuntimeError(f"the engine exited with {worker.returncode}")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+class ReadySocket:
+    """The sd_notify socket a worker says READY=1 on once it consumes (start-up is not timed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setblocking(False)
+
+    async def wait(self, process: asyncio.subprocess.Process, timeout: float = 120) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if process.returncode is not None:
+                    raise RuntimeError(f"the worker exited with {process.returncode}")
+                try:
+                    data = await asyncio.wait_for(loop.sock_recv(self.sock, 4096), timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+                if b"READY=1" in data:
+                    return
+            raise RuntimeError("the worker did not say READY=1")
+        finally:
+            self.sock.close()

@@ -1,0 +1,28 @@
+"""Reading the workers' Prometheus endpoints from the bench: their own counts of work done."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(ports: list[int]) -> dict[str, dict[tuple, float]]:
+    """Every sample of every process's /metrics, summed over processes: name -> labels -> value."""
+    merged: dict[str, dict[tuple, float]] = {}
+    for port in ports:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = tuple(sorted(sample.labels.items()))
+                bucket = merged.setdefault(sample.name, {})
+                bucket[key] = bucket.get(key, 0.0) + sample.value
+    return merged
+
+
+def total(metrics: dict[str, dict[tuple, float]], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for k, v in metrics.get(name, {}).items() if wanted <= set(k))

@@ -1,0 +1,86 @@
+"""The paced run: the engine at a fixed offered rate, with publish->book and publish->alert latencies.
+
+The publisher stamps every message with its publish time (`x-aldebaran-published-ms`); the
+engine, given a samples directory, records wall-clock latency per message when its cycle
+committed (book) and per alert when the batch holding it was confirmed (alert).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aldebaran.bench.environment import CpuMeter, Place, free_ports
+from aldebaran.bench.metrics_scrape import scrape, total
+from aldebaran.bench.workload import Workload
+from aldebaran.io.latency_samples import read_samples
+from aldebaran.io.publisher import publish_bodies
+
+
+@dataclass
+class Paced:
+    name: str
+    offered: float
+    events: int = 0
+    seconds: float = 0.0
+    latency: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> p50/p95/p99/max (ms)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
+    """Weighted p50/p95/p99/max of (value, weight) samples."""
+    if not samples:
+        return {}
+    ordered = sorted(samples)
+    grand = sum(w for _, w in ordered)
+    marks = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99)]
+    result: dict[str, float] = {}
+    seen = 0.0
+    for value, weight in ordered:
+        seen += weight
+        while marks and seen >= marks[0][1] * grand:
+            result[marks.pop(0)[0]] = value
+    result["max"] = ordered[-1][0]
+    return result
+
+
+async def paced(place: Place, workload: Workload, rate: float, seconds: float, ttl: float, workdir: Path) -> Paced:
+    """Publish relabelled rounds at `rate` events/s for `seconds`; the engine consumes as they come."""
+    result = Paced(f"engine, paced at {rate:,.0f} events/s offered", rate)
+    samples = tempfile.mkdtemp(prefix="aldebaran-bench-", dir=workdir)
+    port = free_ports(1)
+    env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning",
+                    ALDEBARAN_ENGINE__LATENCY_SAMPLES_DIR=samples)
+    logs = open(workdir / f"paced-{place.vhost}.log", "wb")
+    worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", "engine",
+                                                  "--metrics-port", str(port), env=env, stdout=logs, stderr=logs)
+    try:
+        while not scrape([port]):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # consuming: the metrics server starts before the session
+        meter = CpuMeter()
+        meter.start([worker.pid])
+        started, published = time.monotonic(), 0
+        for index in range(workload.max_rounds):
+            bodies = workload.round_bodies(index)
+            report = await publish_bodies(place.settings(), bodies, rate=rate)
+            published += report.events
+            if time.monotonic() - started >= seconds:
+                break
+        while total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total") < published:
+            await asyncio.sleep(0.1)
+        result.seconds = time.monotonic() - started
+        result.cpu = meter.stop()
+        result.events = published
+        await asyncio.sleep(1.0)  # the last alert batches confirmed and sampled
+    finally:
+        worker.terminate()
+        await worker.wait()
+        logs.close()
+    measured = read_samples(samples)
+    result.latency = {"book": percentiles(measured["book"]), "alert": percentiles(measured["alert"])}
+    return result

@@ -1,0 +1,109 @@
+"""The engine's books: per application, open books by key, deadlines in arrival order, done markers. Pure.
+
+Why not a heap of deadlines: the engine stamps events with pipeline time, which never
+goes back, and a book's deadline is its first stamp plus its application's ttl, so
+books open in deadline order. Each cycle's new books form one group at the tail of a
+FIFO; closing pops whole groups from the head. No per-book heap entry, no tuple key.
+
+Callers close before they offer (`close_due(stamp - ε)`, then `offer_many(.., stamp)`),
+as `Engine.cycle` does, so an open book is never past its deadline when offered to.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+import msgspec
+
+from aldebaran.core.done_markers import DoneMarkers
+from aldebaran.core.rule import Alert, Rule
+
+
+class OpenBook(msgspec.Struct, gc=False):
+    """One key's state under a rule, the event ids it counted, and when it opened (epoch s)."""
+
+    opened_at: float
+    state: Any
+    seen: set[str]
+
+
+class BookStore:
+    """The open books and recently closed keys of every configured rule."""
+
+    def __init__(self, rules: Mapping[str, Rule[Any]], default_ttl: float, done_retention: float,
+                 done_cap: int) -> None:
+        self.rules = dict(rules)
+        self.ttl = {name: rule.ttl_seconds(default_ttl) for name, rule in self.rules.items()}
+        self.retention = done_retention
+        self.books: dict[str, dict[str, OpenBook]] = {name: {} for name in self.rules}
+        self.done = DoneMarkers(done_cap)
+        self._groups: dict[str, deque[tuple[float, list[str]]]] = {name: deque() for name in self.rules}
+
+    def __len__(self) -> int:
+        return sum(len(books) for books in self.books.values())
+
+    def offer_many(self, app: str, events: Sequence[Any], at: float, now: datetime,
+                   fired: list[Alert]) -> tuple[int, int, int]:
+        """Events of rule `app` stamped `at` (epoch s): (applied, duplicate, late); alerts go to `fired`."""
+        rule = self.rules[app]
+        key_of, event_id, apply, new_state = rule.key, rule.event_id, rule.apply, rule.new_state
+        books, done, ttl = self.books[app], self.done.of(app), self.ttl[app]
+        group: list[str] | None = None
+        applied = duplicate = late = 0
+        for event in events:
+            key = key_of(event, at)
+            book = books.get(key)
+            if book is None:
+                if key in done:
+                    late += 1
+                    continue
+                book = books[key] = OpenBook(at, new_state(key), set())
+                if group is None:
+                    group = self._group(app, at + ttl)
+                group.append(key)
+            elif at > book.opened_at + ttl:
+                late += 1
+                continue
+            ident = event_id(event)
+            seen = book.seen
+            if ident in seen:
+                duplicate += 1
+                continue
+            seen.add(ident)
+            applied += 1
+            alerts = apply(book.state, event, now)
+            if alerts:
+                fired.extend(alerts)
+        return applied, duplicate, late
+
+    def _group(self, app: str, deadline: float) -> list[str]:
+        groups = self._groups[app]
+        if groups and groups[-1][0] == deadline:
+            return groups[-1][1]
+        if groups and groups[-1][0] > deadline:
+            raise ValueError(f"books must open in deadline order ({deadline} after {groups[-1][0]})")
+        keys: list[str] = []
+        groups.append((deadline, keys))
+        return keys
+
+    def close_due(self, now_ts: float, now: datetime) -> list[Alert]:
+        """Close every book whose deadline is at or before `now_ts`; forget expired done markers."""
+        alerts: list[Alert] = []
+        for app, groups in self._groups.items():
+            if not groups or groups[0][0] > now_ts:
+                continue
+            books, close = self.books[app], self.rules[app].close
+            closed: list[str] = []
+            while groups and groups[0][0] <= now_ts:
+                keys = groups.popleft()[1]
+                for key in keys:
+                    book = books.pop(key)
+                    fired = close(book.state, now)
+                    if fired:
+                        alerts.extend(fired)
+                closed += keys
+            self.done.add(app, closed, now_ts + self.retention)
+        self.done.expire(now_ts)
+        return alerts

@@ -1,0 +1,61 @@
+"""Publishing alerts on `Aldebaran.Alert`: one message per batch, confirmed (CONTRACT §3).
+
+A batch of alerts travels as one message whose body is a JSON array of alert objects
+and whose `message_id` is a batch id; a lone alert travels as the object itself with
+its `alert_id` as `message_id`, as it always did. Readers accept both (`parse_alerts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Sequence
+
+import aiormq.abc
+import msgspec
+from pamqp import commands as spec
+
+from declare.topology import ALERT
+
+MAX_ALERTS_PER_MESSAGE = 1000
+BATCH_CONTENT_TYPE = "application/json"
+
+
+class AlertsRefused(Exception):
+    """The broker did not confirm an alert batch: the alerts stay pending in the outbox."""
+
+
+def batch_body(bodies: Sequence[bytes]) -> bytes:
+    """The JSON array of already-encoded alert objects."""
+    return b"[" + b",".join(bodies) + b"]"
+
+
+async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequence[str],
+                         bodies: Sequence[bytes]) -> None:
+    """Publish the alerts (persistent, mandatory) in as few messages as allowed; wait for every confirm."""
+    sends = []
+    for start in range(0, len(bodies), MAX_ALERTS_PER_MESSAGE):
+        chunk = bodies[start:start + MAX_ALERTS_PER_MESSAGE]
+        if len(chunk) == 1:
+            body, message_id = chunk[0], alert_ids[start]
+        else:
+            body, message_id = batch_body(chunk), f"batch:{uuid.uuid4().hex}"
+        properties = spec.Basic.Properties(delivery_mode=2, message_id=message_id,
+                                           content_type=BATCH_CONTENT_TYPE)
+        sends.append(channel.basic_publish(body, exchange=ALERT, routing_key=ALERT, mandatory=True,
+                                           properties=properties))
+    for confirm in await asyncio.gather(*sends):
+        if confirm is not None and not isinstance(confirm, spec.Basic.Ack):
+            raise AlertsRefused(f"alert batch not confirmed: {confirm!r}")
+
+
+def split_alerts(body: bytes) -> list[bytes]:
+    """The alert objects of a message on `Aldebaran.Alert`, each as its own JSON bytes.
+
+    Raises `msgspec.DecodeError` when the body is neither a JSON object nor an array.
+    """
+    value = msgspec.json.decode(body, type=msgspec.Raw)
+    raw = bytes(value).lstrip()
+    if raw[:1] == b"[":
+        return [bytes(item) for item in msgspec.json.decode(raw, type=list[msgspec.Raw])]
+    return [raw]

@@ -1,0 +1,148 @@
+"""The engine's durable state in Redis: an ownership lease, the write-ahead log, the alert outbox.
+
+Every write goes through a Lua script that first checks the caller still holds the
+lease (`engine:owner` = its token), so an engine that lost its lease (a long pause, a
+partition) can never write over the one that took over: it fails its commit and
+restarts as a standby. A cycle's commit is one call: renew the lease, append the
+cycle's log record, and record each alert it fired (`SET alert:<id> NX`: an alert id
+fires once, ever) in the pending outbox. After the broker confirms the alert batch,
+`mark_sent` moves them out of the outbox; whatever is still pending after a crash is
+published again by the next owner before it consumes anything (docs/engine.md).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from aldebaran.core.wal import DoneImage, WalRecord, decode_done, decode_record
+from aldebaran.io.redis import Keys
+
+LOAD_PAGE = 500  # log records per LRANGE while loading
+RECENT_ALERTS = 100
+
+
+class Fenced(Exception):
+    """This engine no longer holds the lease: another owner may be writing."""
+
+
+class EngineStore:
+    """One engine's view of its Redis state, under the deployment's key prefix."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, token: str, lease_ms: int, retention_seconds: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.token = token
+        self.lease_ms = lease_ms
+        self.retention = retention_seconds
+        self._owner, self._wal = keys.engine("owner"), keys.engine("wal")
+        self._done, self._pending = keys.engine("done"), keys.engine("pending")
+        self._commit = redis.register_script(_COMMIT)
+        self._mark = redis.register_script(_MARK_SENT)
+        self._compact = redis.register_script(_COMPACT)
+        self._renew = redis.register_script(_RENEW)
+
+    async def acquire(self) -> bool:
+        """Take the lease if nobody holds it (or we already do)."""
+        if await self.redis.set(self._owner, self.token, nx=True, px=self.lease_ms):
+            return True
+        return await self.renew()
+
+    async def renew(self) -> bool:
+        return bool(await self._renew(keys=[self._owner], args=[self.token, self.lease_ms]))
+
+    async def release(self) -> None:
+        """Give the lease up at a graceful stop, so a standby need not wait for it to expire."""
+        await self._renew(keys=[self._owner], args=[self.token, 0])
+
+    async def load(self) -> tuple[DoneImage | None, list[WalRecord], dict[str, bytes]]:
+        """The done-marker image, every log record in order, and the unconfirmed alerts."""
+        done = await self.redis.get(self._done)
+        records: list[WalRecord] = []
+        start = 0
+        while True:
+            page = await self.redis.lrange(self._wal, start, start + LOAD_PAGE - 1)
+            records += [decode_record(data) for data in page]
+            if len(page) < LOAD_PAGE:
+                break
+            start += LOAD_PAGE
+        pending = await self.redis.hgetall(self._pending)
+        outbox = {(k.decode() if isinstance(k, bytes) else k): v for k, v in pending.items()}
+        return (decode_done(done) if done else None), records, outbox
+
+    async def commit(self, record: bytes | None, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> list[bool]:
+        """Log one cycle and record its alerts; per alert, whether it is new (to publish)."""
+        keys = [self._owner, self._wal, self._pending, *(self.keys.alert(a) for a in alert_ids)]
+        try:
+            new = await self._commit(keys=keys, args=[self.token, self.lease_ms, record or b"", self.retention,
+                                                      *bodies])
+        except ResponseError as exc:
+            raise _fenced(exc) from None
+        return [bool(flag) for flag in new]
+
+    async def mark_sent(self, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> None:
+        """The broker confirmed these alerts: out of the outbox, into the recent list."""
+        if not alert_ids:
+            return
+        keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in alert_ids)]
+        await self._mark(keys=keys, args=[self.retention, RECENT_ALERTS, *bodies[-RECENT_ALERTS:]])
+
+    async def compact(self, done_image: bytes, trim: int) -> None:
+        """Store the done markers and drop the `trim` oldest log records, atomically."""
+        try:
+            await self._compact(keys=[self._owner, self._done, self._wal], args=[self.token, done_image, trim])
+        except ResponseError as exc:
+            raise _fenced(exc) from None
+
+    async def wal_length(self) -> int:
+        return int(await self.redis.llen(self._wal))
+
+
+def _fenced(exc: ResponseError) -> Exception:
+    return Fenced(str(exc)) if "FENCED" in str(exc) else exc
+
+
+# KEYS[1] owner. ARGV: token, lease ms (0 = release). Returns 1 while the token holds it.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) == 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+
+# KEYS: owner, wal, pending, alert keys... ARGV: token, lease ms, record ("" = none), retention, bodies...
+_COMMIT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' then redis.call('RPUSH', KEYS[2], ARGV[3]) end
+local out = {}
+for i = 4, #KEYS do
+  if redis.call('SET', KEYS[i], 'pending', 'NX', 'EX', ARGV[4]) then
+    redis.call('HSET', KEYS[3], KEYS[i], ARGV[i + 1])
+    out[i - 3] = 1
+  else
+    out[i - 3] = 0
+  end
+end
+return out
+"""
+
+# KEYS: pending, recent list, alert keys... ARGV: retention, recent length, bodies (the newest ones)...
+_MARK_SENT = """
+for i = 3, #KEYS do
+  redis.call('HDEL', KEYS[1], KEYS[i])
+  redis.call('SET', KEYS[i], 'sent', 'EX', ARGV[1])
+end
+for i = 3, #ARGV do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+return #KEYS - 2
+"""
+
+# KEYS: owner, done, wal. ARGV: token, done image, records to trim.
+_COMPACT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
+redis.call('SET', KEYS[2], ARGV[2])
+if tonumber(ARGV[3]) > 0 then redis.call('LTRIM', KEYS[3], ARGV[3], -1) end
+return 1
+"""

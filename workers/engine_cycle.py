@@ -1,0 +1,42 @@
+"""What the engine worker carries from a cycle to its confirm-and-ack: deliveries, outputs, payloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from aldebaran.core.engine import Cycle
+from aldebaran.core.rule import Alert
+from aldebaran.core.wal import WalMessage
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One ingress message as consumed: its tag, its logged form, its publisher's stamp (0: none)."""
+
+    tag: int
+    message: WalMessage
+    published_ms: int
+
+
+@dataclass(slots=True)
+class CycleOutput:
+    """What must be confirmed before the cycle's messages are acked (up to `last_tag`)."""
+
+    last_tag: int
+    rejects: list[tuple[bytes, str]]  # (the element's bytes, the reason)
+    oldest_published_ms: int
+    alert_ids: list[str] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, cycle: Cycle, batch: Sequence[Delivery]) -> "CycleOutput":
+        rejects = [(reject.raw or batch[index].message.body, reject.reason) for index, reject in cycle.rejects]
+        published = [d.published_ms for d in batch if d.published_ms]
+        return cls(batch[-1].tag if batch else 0, rejects, min(published) if published else 0)
+
+
+def alert_payloads(alerts: Sequence[Alert]) -> tuple[list[str], list[bytes]]:
+    """The alerts' ids and wire bodies (CONTRACT §3), in firing order."""
+    return [alert.alert_id for alert in alerts], [alert.to_json() for alert in alerts]
