@@ -36,7 +36,7 @@ from aldebaran.trades.generator import generate
 from tests.faults.fleet import WebhookServer
 from tests.support import services
 from tests.support.checker import check
-from tests.support.pipeline import declare, running
+from tests.support.pipeline import declare, read_alert_message, running
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -164,7 +164,7 @@ def _drain_tap(urls: list[str]) -> list[str]:
                 method, properties, body = channel.basic_get(TAP, auto_ack=True)
                 if method is None:
                     return ids
-                ids.append(json.loads(body)["alert_id"])
+                ids += [alert["alert_id"] for alert in read_alert_message(properties, body)]
         finally:
             connection.close()
     raise AssertionError("no cluster node answers")

@@ -1,5 +1,7 @@
-"""A poison message (its handling raises every time) is retried a bounded number of times,
-then dead-lettered with the reason; the ingress and the worker go on."""
+"""An element that once poisoned the per-order aggregator (an order id whose queue name was
+longer than AMQP allows: every declare raised, the message was retried until its delivery
+limit) is now refused by the codec (CONTRACT §1: ids of at most 200 bytes): dead-lettered
+alone, at once, with its reason, while its neighbours and later messages go on."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.fleet import TEST_TIMEOUT, Fleet, RetryingPublisher
-from tests.support.pipeline import Broker
+from tests.support.pipeline import Broker, read_alert_message
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 LIMIT = 4
@@ -21,15 +23,13 @@ def event(ident: str, shares: int, order: str | None = None) -> dict:
             **({"initial_order_id": order} if order else {})}
 
 
-def test_poison_message_is_retried_a_bounded_number_of_times_then_dead_lettered(worker_env, vhost,
-                                                                                tmp_path: Path) -> None:
+def test_a_once_poisonous_element_is_dead_lettered_alone_at_once(worker_env, vhost, tmp_path: Path) -> None:
     env = {**worker_env, "ALDEBARAN_BOOK_TTL_SECONDS": "3", "ALDEBARAN_DELIVERY_LIMIT": str(LIMIT)}
     fleet = Fleet(env, tmp_path / "logs", kinds=("aggregator", "books")).start_all()
     broker = Broker(vhost.amqp_url)
     broker.tap_alerts()
     publisher = RetryingPublisher(vhost.amqp_url)
-    # A valid order id (100 characters) whose queue name is 305 bytes: longer than AMQP's
-    # 255-byte limit, so declaring its book raises on every delivery.
+    # An order id of 100 characters, 300 bytes of UTF-8: over the contract's 200.
     poison = json.dumps([event("p1", 1), event("p1-a", 2, "p1"), event("long-p", 5, "€" * 100)]).encode()
     try:
         publisher.publish_raw(poison)
@@ -39,7 +39,7 @@ def test_poison_message_is_retried_a_bounded_number_of_times_then_dead_lettered(
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (dead and "over_purchase:after" in alerts):
             dead += broker.drain("Aldebaran.Dead_Letter")
-            alerts |= {json.loads(body)["alert_id"] for _, body in broker.drain("test.alert-tap")}
+            alerts |= {a["alert_id"] for p, body in broker.drain("test.alert-tap") for a in read_alert_message(p, body)}
             time.sleep(0.3)
         time.sleep(2)
         dead += broker.drain("Aldebaran.Dead_Letter")
@@ -53,8 +53,8 @@ def test_poison_message_is_retried_a_bounded_number_of_times_then_dead_lettered(
     assert alive == {"aggregator": None, "books": None}, alive
     assert len(dead) == 1, [(p.headers, b[:100]) for p, b in dead]
     props, body = dead[0]
-    assert body == poison
-    assert f"handling failed {LIMIT} times" in props.headers["x-aldebaran-reason"]
-    assert retries == LIMIT - 1  # bounded: then dead-lettered, no hot loop
+    assert json.loads(body) == event("long-p", 5, "€" * 100)  # the element, not its batch
+    assert "at most 200 bytes of UTF-8" in props.headers["x-aldebaran-reason"]
+    assert retries == 0  # refused by the codec: nothing to retry
     assert {"over_purchase:p1", "over_purchase:after"} <= alerts  # neighbours and later messages went on
     assert codes == {"aggregator": 0, "books": 0}

@@ -112,10 +112,24 @@ def traced_alerts(records: Iterable[dict[str, Any]]) -> Counter[str]:
     a second one (same broker-side fingerprint) when it was.
     """
     pubs = [r for r in records if r.get("kind") == "publish" and r.get("exchange") == ALERT_EXCHANGE]
-    fresh = {_fingerprint(r) for r in pubs if not r.get("trace_redelivered")}
-    again = {_fingerprint(r) for r in pubs if r.get("trace_redelivered")} - fresh
-    return Counter(r.get("message_id") for r in pubs if not r.get("trace_redelivered")) + \
-        Counter(fp[3] for fp in again)
+    counted = [r for r in pubs if not r.get("trace_redelivered")]
+    seen = {_fingerprint(r) for r in counted}
+    for r in pubs:
+        if r.get("trace_redelivered") and _fingerprint(r) not in seen:
+            seen.add(_fingerprint(r))
+            counted.append(r)
+    return Counter(alert_id for r in counted for alert_id in _alert_ids(r))
+
+
+def _alert_ids(record: dict[str, Any]) -> list[str]:
+    """The alert ids one traced publish carried: a single alert (its message_id) or a batch."""
+    try:
+        value = json.loads(base64.b64decode(record.get("body_b64") or b""))
+    except ValueError:
+        value = None
+    if isinstance(value, list):
+        return [str(item.get("alert_id")) for item in value if isinstance(item, dict)]
+    return [str(record.get("message_id"))]
 
 
 def traced_deliveries(records: Iterable[dict[str, Any]], channel: str) -> set[str]:
