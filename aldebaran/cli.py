@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "spark_analytics.command",
     "aldebaran.api.command",
     "aldebaran.ops.command",
+    "aldebaran.ops.delivery",
 ]
 
 

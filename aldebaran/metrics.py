@@ -17,6 +17,8 @@ ALERTS_FIRED = Counter("aldebaran_alerts_fired_total", "Alerts published to the 
 ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts suppressed as already sent")
 ALERTS_DELIVERED = Counter("aldebaran_alerts_delivered_total", "Alerts delivered to a channel's recipient", ["channel"])
 DELIVERY_RETRIES = Counter("aldebaran_delivery_retries_total", "Failed delivery attempts that will be retried", ["channel"])
+DELIVERY_IN_DOUBT = Counter("aldebaran_delivery_in_doubt_total",
+                            "At-most-once attempts found interrupted or ended unknown: listed, never re-sent", ["channel"])
 DELIVERY_DEAD_LETTERED = Counter("aldebaran_delivery_dead_lettered_total", "Alerts parked after the last attempt", ["channel"])
 BATCH_EVENTS = Histogram("aldebaran_batch_events", "Events per consumed or published AMQP message", ["stage"], buckets=BATCH_BUCKETS)
 PROCESSING_LATENCY = Histogram(

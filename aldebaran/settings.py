@@ -29,15 +29,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+Guarantee = Literal["at-most-once", "at-least-once", "exactly-once"]
+
+
 class _ChannelBase(_Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]
     max_attempts: Annotated[int, Field(ge=1, le=1000)] = 8
     backoff_initial_seconds: Annotated[float, Field(gt=0)] = 0.2
     backoff_max_seconds: Annotated[float, Field(gt=0)] = 30.0
     timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # Sends in flight at once. For an at-most-once channel it is also the most alerts one
+    # crash can leave in doubt, hence 1 by default there (docs/delivery.md).
+    max_in_flight: Annotated[int | None, Field(ge=1, le=4096)] = None
+
+    @property
+    def guarantee(self) -> Guarantee:
+        """What a recipient of this channel gets across crashes (CONTRACT §5)."""
+        return "at-least-once"
+
+    @property
+    def in_flight(self) -> int:
+        return self.max_in_flight or 64
 
 
-class WebhookChannel(_ChannelBase):
+class _OutsideChannel(_ChannelBase):
+    """A channel to a recipient outside Aldebaran: its delivery guarantee is chosen (CONTRACT §5)."""
+
+    delivery: Literal["at-most-once", "at-least-once"] = "at-most-once"
+
+    @property
+    def guarantee(self) -> Guarantee:
+        return self.delivery
+
+    @property
+    def in_flight(self) -> int:
+        return self.max_in_flight or (1 if self.delivery == "at-most-once" else 64)
+
+
+class WebhookChannel(_OutsideChannel):
     kind: Literal["webhook"]
     url: str
     headers: dict[str, str] = {}
@@ -56,14 +85,14 @@ class WebhookChannel(_ChannelBase):
         return self
 
 
-class AmqpChannel(_ChannelBase):
+class AmqpChannel(_OutsideChannel):
     kind: Literal["amqp"]
     url: str | None = None  # None: the pipeline's own broker
     exchange: str = ""
     routing_key: str = ""
 
 
-class EmailChannel(_ChannelBase):
+class EmailChannel(_OutsideChannel):
     kind: Literal["email"]
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 25
@@ -75,7 +104,7 @@ class EmailChannel(_ChannelBase):
     recipients: Annotated[list[str], Field(min_length=1)]
 
 
-class SmsChannel(_ChannelBase):
+class SmsChannel(_OutsideChannel):
     kind: Literal["sms"]
     base_url: str = "https://api.twilio.com"
 
@@ -89,7 +118,7 @@ class SmsChannel(_ChannelBase):
     to_numbers: Annotated[list[str], Field(min_length=1)]
 
 
-class PushChannel(_ChannelBase):
+class PushChannel(_OutsideChannel):
     kind: Literal["push"]
     base_url: str
 
@@ -101,7 +130,7 @@ class PushChannel(_ChannelBase):
     devices: Annotated[list[str], Field(min_length=1)]
 
 
-class NagiosChannel(_ChannelBase):
+class NagiosChannel(_OutsideChannel):
     kind: Literal["nagios"]
     command_file: str = "/var/lib/nagios4/rw/nagios.cmd"
     host_name: str = "aldebaran"
@@ -116,6 +145,10 @@ class LogChannel(_ChannelBase):
 class QueueApiChannel(_ChannelBase):
     kind: Literal["queue-api"]
     queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")] = "alerts"
+
+    @property
+    def guarantee(self) -> Guarantee:
+        return "exactly-once"  # the enqueue is keyed by alert_id
 
 
 ChannelConfig = Annotated[

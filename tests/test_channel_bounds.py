@@ -18,6 +18,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from aldebaran.channels import http_client as http
+from aldebaran.channels.base import NotDelivered
 from aldebaran.settings import WebhookChannel
 from tests.test_channels import SmtpRecorder, deliver_one, free_port, http_peer, make_alert, with_channels
 
@@ -69,14 +70,15 @@ async def test_a_dripping_answer_cannot_hold_a_delivery_past_its_timeout() -> No
 
 async def test_link_local_targets_are_refused_at_send_unless_allowed() -> None:
     async with http.client(1) as client:
-        with pytest.raises(RuntimeError, match="link-local") as refused:
+        with pytest.raises(NotDelivered, match="link-local") as refused:
             await http.post(client, "http://169.254.169.254/latest/meta-data?token=abc", 1)
         assert "abc" not in str(refused.value) and "token=***" in str(refused.value)
-        with pytest.raises(RuntimeError, match="link-local"):
+        assert refused.value.permanent  # nothing was sent, and trying again cannot help
+        with pytest.raises(NotDelivered, match="link-local"):
             await http.post(client, "http://[fe80::1]/x", 1)
         try:  # allowed: tried (whatever answers there, if anything)
             outcome: object = await http.post(client, "http://169.254.0.1:9/x", 0.5, allow_link_local=True)
-        except (httpx.HTTPError, RuntimeError) as exc:
+        except (httpx.HTTPError, RuntimeError, NotDelivered) as exc:
             outcome = exc
         assert "link-local" not in str(outcome)
 

@@ -1,17 +1,20 @@
-"""The fault suite's oracle: which repeats at an at-least-once sink a deliverer kill explains."""
+"""The fault suite's oracle: lost, duplicated, unexpected, and alerts in doubt at an at-most-once sink."""
 
 from __future__ import annotations
 
-from tests.support.checker import allow_window_repeats, check
+from tests.support.checker import check
 
 
-def test_a_repeat_is_allowed_only_across_a_kill_and_only_up_to_the_in_flight_bound() -> None:
-    arrivals = [(1.0, "a"), (2.0, "b"), (3.0, "a"), (4.0, "b"), (5.0, "c"), (6.0, "c")]
-    ids = [alert for _, alert in arrivals]
-    report = allow_window_repeats(check("webhook", {"a", "b", "c"}, ids), arrivals, kill_times=[2.5], in_flight=16)
-    assert report.window_repeats == {"a": 2, "b": 2}  # each pair straddles the kill at 2.5
-    assert report.duplicated == {"c": 2} and not report.ok  # no kill between c's two arrivals
-    assert "2 repeats inside a deliverer kill's window" in report.line()
+def test_an_alert_in_doubt_is_accounted_for_but_never_excuses_a_repeat() -> None:
+    report = check("webhook", {"a", "b", "c"}, ["a", "b"], in_doubt=["c"])
+    assert report.ok and report.lost == [] and report.in_doubt == ["c"]
+    assert "in doubt 1" in report.line()
 
-    bounded = allow_window_repeats(check("webhook", {"a", "b"}, ids[:4]), arrivals[:4], kill_times=[2.5], in_flight=1)
-    assert bounded.duplicated == {"a": 2, "b": 2} and not bounded.window_repeats  # more than one kill can explain
+    missing = check("webhook", {"a", "b", "c"}, ["a"], in_doubt=["c"])
+    assert missing.lost == ["b"] and not missing.ok
+
+    repeated = check("webhook", {"a", "b"}, ["a", "a", "b"], in_doubt=["a"])
+    assert repeated.duplicated == {"a": 2} and not repeated.ok  # in doubt is never a licence to resend
+
+    stray = check("webhook", {"a"}, ["a"], in_doubt=["z"])
+    assert stray.unexpected == ["z"] and not stray.ok

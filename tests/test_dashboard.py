@@ -19,7 +19,8 @@ import aio_pika
 import httpx
 import pika
 
-from aldebaran.channels.base import DeliveryLedger, park
+from aldebaran.channels.base import park
+from aldebaran.channels.ledger import DeliveryLedger
 from aldebaran.io.alert_outbox import AlertOutbox
 from aldebaran.core.rule import Alert, iso_utc
 from aldebaran.io.redis import Keys
@@ -79,7 +80,7 @@ async def park_alert(settings: Settings, channel_name: str, alert: Alert, reason
 async def mark_delivered(settings: Settings, channel: str, alert_id: str, target: str = "") -> None:
     redis = await connect_redis(settings)
     try:
-        await DeliveryLedger(redis, Keys(settings.redis_key_prefix), channel, 3600).mark(alert_id, target)
+        await DeliveryLedger(redis, Keys(settings.redis_key_prefix), channel, 3600).settle(delivered=[(alert_id, target)])
     finally:
         await redis.aclose()
 

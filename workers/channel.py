@@ -1,153 +1,315 @@
-"""The Channel Boy: delivers one channel's queue to its recipient, once per recipient.
+"""The Channel Boy: delivers one channel's queue to its recipients, with the channel's guarantee.
 
-For each alert on `Aldebaran.Channel.<name>`: if the channel's ledger in Redis says the
-recipient already has it, ack (a repeat from a re-fan or a redelivery); else deliver with
-retries, record it in the ledger, then ack. After the last failed attempt the alert is
-parked in the channel's dead-letter queue with the last error, so one bad alert or a
-dead sink never holds the queue forever. The only window for a repeat is between "the
-sink accepted" and "the ledger recorded it" (see docs/delivery.md).
+Alerts arrive one per message on `Aldebaran.Channel.<name>` and are handled in rounds of up
+to `BATCH` messages, `max_in_flight` sends at a time, per recipient of the channel:
+1. **claim** them in the channel's ledger, one Redis call per round
+   (`aldebaran/channels/ledger.py`): repeats are acked; alerts already in doubt stay with
+   the operator; an **at-most-once** channel records each attempt here, before its send;
+2. **send** them (concurrently, or in one call for sinks that batch: the pull queue);
+3. **settle** the outcomes in one Redis call, then ack each message: `delivered`;
+   `NotDelivered` (the recipient certainly did not get it) is tried again with backoff in a
+   task of its own, and parked in the channel's dead-letter queue after `max_attempts`
+   (at once when the refusal is final); any other failure is *in doubt* at most once
+   (listed, never sent again on its own) and tried again at least once.
+
+A crash mid-send leaves an at-most-once attempt recorded: the next deliverer finds it and
+lists the alert in doubt (at most `max_in_flight` per crash). An at-least-once channel
+sends it again instead, with the same `Idempotency-Key` / `message_id` (docs/delivery.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-from contextlib import suppress
+import os
+import socket
+import uuid
+from contextlib import AbstractAsyncContextManager, suppress
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import aio_pika
 import aio_pika.abc
 import redis.asyncio as aioredis
 
-from aldebaran.channels.base import (
-    Alert,
-    DeliveryLedger,
-    PerAlertLock,
-    RetryPolicy,
-    Sink,
-    UnreadableAlert,
-    deliver_with_retries,
-    park,
-)
+from aldebaran.channels.base import (MAX_REASON_CHARS, Alert, NotDelivered, PerAlertLock, RetryPolicy, Sink,
+                                     UnreadableAlert, park)
+from aldebaran.channels.ledger import Claim, DeliveryLedger
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import ConfigError
 from aldebaran.io.amqp import connect as connect_amqp
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
-from aldebaran.metrics import ALERTS_DELIVERED, DELIVERY_DEAD_LETTERED, DELIVERY_RETRIES
-from aldebaran.settings import Settings
+from aldebaran.metrics import ALERTS_DELIVERED, DELIVERY_DEAD_LETTERED, DELIVERY_IN_DOUBT, DELIVERY_RETRIES
+from aldebaran.settings import Settings, mask_url
 from declare.topology import channel_dead_letter, channel_queue, durable_arguments
 from workers.runtime import Lifecycle
 
-PREFETCH = 16
+BATCH = 256
 REDIS_PAUSE_SECONDS = 1.0
+INTERRUPTED = "an earlier attempt was interrupted (its deliverer stopped or crashed mid-send)"
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One message being delivered: its alert, and where it stands across the channel's recipients."""
+
+    message: aio_pika.abc.AbstractIncomingMessage
+    alert: Alert
+    retry: list[str] = field(default_factory=list)  # recipients whose last attempt may be tried again
+    attempts: dict[str, int] = field(default_factory=dict)  # sends per recipient
+    errors: dict[str, str] = field(default_factory=dict)  # the last error per recipient
+    failed: str = ""  # the final reason, when it cannot be delivered
+    interrupted: bool = False  # we are stopping between two attempts: back to the queue
 
 
 class ChannelWorker:
-    """Consumes one channel's queue; up to PREFETCH alerts are delivered concurrently."""
+    """Consumes one channel's queue; at most `max_in_flight` sends are under way at once."""
 
     def __init__(self, settings: Settings, channel_name: str, sink: Sink | None = None) -> None:
         self.config = settings.channel(channel_name)
         self.name = f"channel-{channel_name}"
+        self.at_most_once = self.config.guarantee == "at-most-once"
         self._settings = settings
         self._sink = sink or build_sink(self.config, settings)
         self._policy = RetryPolicy(self.config.max_attempts, self.config.backoff_initial_seconds,
                                    self.config.backoff_max_seconds)
         self._log = get_logger("channel", channel=channel_name)
         self._per_alert = PerAlertLock()
+        self._slots = asyncio.Semaphore(self.config.in_flight)
+        self._token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._ledger: DeliveryLedger | None = None
         self._amqp_channel: aio_pika.abc.AbstractChannel | None = None
         self._stopping = asyncio.Event()
+        self._delivered: list[aio_pika.abc.AbstractIncomingMessage] = []
+        self._arrived = asyncio.Event()
+        self._retrying: set[asyncio.Task[None]] = set()
+        self._settled: set[int] = set()  # id() of this round's messages acked, parked or handed to a task
 
     async def run(self, life: Lifecycle) -> None:
         self._stopping = life.stopping
         redis: aioredis.Redis = await connect_redis(self._settings)
         self._ledger = DeliveryLedger(redis, Keys(self._settings.redis_key_prefix), self.config.name,
-                                      self._settings.alert_dedup_ttl_seconds)
+                                      self._settings.alert_dedup_ttl_seconds, self._token)
         connection = await connect_amqp(self._settings, self.name)
-        in_flight: set[asyncio.Task] = set()
+        drained = asyncio.Event()
+        drainer: asyncio.Task[None] | None = None
         try:
             await self._sink.start()
-            self._amqp_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            await self._amqp_channel.set_qos(prefetch_count=PREFETCH)
-            args = durable_arguments(self._settings)
-            queue = await self._amqp_channel.declare_queue(channel_queue(self.config.name), durable=True,
-                                                           arguments=args or None)
-            await self._amqp_channel.declare_queue(channel_dead_letter(self.config.name), durable=True,
-                                                   arguments=durable_arguments(self._settings, None) or None)
+            queue = await self._declare(connection)
 
             async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                task = asyncio.create_task(self._handle(message))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+                self._delivered.append(message)
+                self._arrived.set()
 
+            drainer = asyncio.create_task(self._drain(drained))
             tag = await queue.consume(on_message)
-            self._log.info("delivering", queue=channel_queue(self.config.name), kind=self.config.kind)
+            self._log.info("delivering", queue=channel_queue(self.config.name), kind=self.config.kind,
+                           delivery=self.config.guarantee, max_in_flight=self.config.in_flight)
             life.ready()
             await life.wait_stopping()
             await queue.cancel(tag)
-            if in_flight:
-                await asyncio.wait(set(in_flight))
+            drained.set()  # the drainer finishes what was delivered, then returns
+            self._arrived.set()
+            await drainer
+            if self._retrying:
+                await asyncio.wait(set(self._retrying))
         finally:
+            if drainer is not None and not drainer.done():
+                drainer.cancel()
             await self._sink.close()
             await connection.close()
             await redis.aclose()
 
-    async def _handle(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        alert_id = message.message_id
-        try:
+    async def _declare(self, connection: aio_pika.abc.AbstractConnection) -> aio_pika.abc.AbstractQueue:
+        self._amqp_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await self._amqp_channel.set_qos(prefetch_count=max(2 * BATCH, 2 * self.config.in_flight))
+        queue = await self._amqp_channel.declare_queue(channel_queue(self.config.name), durable=True,
+                                                       arguments=durable_arguments(self._settings) or None)
+        await self._amqp_channel.declare_queue(channel_dead_letter(self.config.name), durable=True,
+                                               arguments=durable_arguments(self._settings, None) or None)
+        return queue
+
+    async def _drain(self, drained: asyncio.Event) -> None:
+        """Rounds of what was delivered, one after the other, until stopping with nothing left."""
+        while True:
+            if not self._delivered:
+                if drained.is_set():
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            batch = self._delivered[:BATCH]
+            del self._delivered[:BATCH]
+            self._settled.clear()
             try:
-                alert = Alert.parse(message.body, message.message_id)
+                await self._round(batch)
+            except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: what is unsettled comes back
+                self._log.warning("delivery round failed, requeueing", count=len(batch), error=str(exc))
+                await asyncio.sleep(REDIS_PAUSE_SECONDS)
+                for message in batch:
+                    if id(message) not in self._settled:
+                        with suppress(Exception):
+                            await message.nack(requeue=True)
+
+    async def _round(self, batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
+        """First attempts for a batch: claim, send, settle per recipient; then ack, park or retry each."""
+        firsts: dict[str, Item] = {}
+        later: list[Item] = []  # a second copy in the batch, or an alert a retry task holds
+        for message in batch:
+            try:
+                item = Item(message, Alert.parse(message.body, message.message_id))
             except UnreadableAlert as exc:
                 await self._park(message, f"unreadable alert: {exc}", message.message_id, attempts=0)
-                return
-            alert_id = alert.alert_id
-            async with self._per_alert.hold(alert.alert_id):
-                await self._deliver(alert, message)
-        except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: try again later
-            self._log.warning("delivery step failed, requeueing", alert_id=alert_id, error=str(exc))
+                continue
+            if item.alert.alert_id in firsts or self._per_alert.busy(item.alert.alert_id):
+                later.append(item)
+            else:
+                firsts[item.alert.alert_id] = item
+        for target in self._sink.targets:
+            live = [item for item in firsts.values() if not item.failed]
+            for start in range(0, len(live), self.config.in_flight):
+                await self._attempt(live[start:start + self.config.in_flight], target)
+        for item in firsts.values():
+            if item.retry and not item.failed:
+                self._spawn_retry(item)
+            else:
+                await self._finish(item)
+        for item in later:
+            self._spawn_retry(item)
+
+    async def _attempt(self, chunk: Sequence[Item], target: str) -> None:
+        """One attempt for each item's alert to `target`, under a slot each: claimed, sent, settled."""
+        assert self._ledger is not None
+        for _ in chunk:
+            await self._slots.acquire()
+        try:
+            ids = [(item.alert.alert_id, target) for item in chunk]
+            claims = await self._ledger.claim(ids, record_attempt=self.at_most_once)
+            sending = [item for item, claim in zip(chunk, claims) if claim is Claim.NEW]
+            for item in sending:
+                item.attempts[target] = item.attempts.get(target, 0) + 1
+            doubt = [(item.alert.alert_id, target, INTERRUPTED, item.alert.body)
+                     for item, claim in zip(chunk, claims) if claim is Claim.INTERRUPTED]
+            errors = await self._send(sending, target)
+            delivered, released = [], []
+            for item, error in zip(sending, errors):
+                if error is None:
+                    delivered.append((item.alert.alert_id, target))
+                    continue
+                reason = _reason(error)
+                item.errors[target] = reason
+                if isinstance(error, NotDelivered):
+                    released.append((item.alert.alert_id, target))
+                    if error.permanent:
+                        item.failed = f"{reason} (after {item.attempts[target]} attempts)"
+                    else:
+                        item.retry.append(target)
+                elif self.at_most_once:
+                    doubt.append((item.alert.alert_id, target, reason, item.alert.body))
+                else:
+                    item.retry.append(target)
+            await self._ledger.settle(delivered, released if self.at_most_once else (), doubt)
+            if delivered:
+                ALERTS_DELIVERED.labels(channel=self.config.name).inc(len(delivered))
+            self._in_doubt(doubt)
+        finally:
+            for _ in chunk:
+                self._slots.release()
+
+    async def _send(self, items: Sequence[Item], target: str) -> list[BaseException | None]:
+        """Each item's alert to `target`: None where it was taken, else the failure."""
+        if not items:
+            return []
+        alerts = [item.alert for item in items]
+        send_many = getattr(self._sink, "send_many", None)
+        if send_many is not None:
+            try:
+                return list(await send_many(alerts, target))
+            except Exception as exc:  # noqa: BLE001 - the whole call failed: each alert did
+                return [exc] * len(alerts)
+        results = await asyncio.gather(*(self._sink.send(alert, target) for alert in alerts), return_exceptions=True)
+        return [result if isinstance(result, BaseException) else None for result in results]
+
+    def _in_doubt(self, doubt: list[tuple[str, str, str, bytes]]) -> None:
+        if not doubt:
+            return
+        DELIVERY_IN_DOUBT.labels(channel=self.config.name).inc(len(doubt))
+        for alert_id, target, reason, _ in doubt:
+            self._log.warning("delivery in doubt: not sent again; settle it with `aldebaran delivery`",
+                              alert_id=alert_id, target=target or None, reason=reason)
+
+    def _spawn_retry(self, item: Item) -> None:
+        """The item's remaining attempts in a task of its own, holding its alert's lock."""
+        hold = self._per_alert.reserve(item.alert.alert_id)
+        self._settled.add(id(item.message))  # the task settles it, whatever happens to this round
+        task = asyncio.create_task(self._retry(item, hold))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _retry(self, item: Item, hold: AbstractAsyncContextManager[None]) -> None:
+        try:
+            async with hold:
+                targets = item.retry or list(self._sink.targets)  # a later copy re-claims every recipient
+                item.retry = []
+                for target in targets:
+                    if not await self._retry_target(item, target):
+                        break
+                await self._finish(item)
+        except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: the message comes back
+            self._log.warning("delivery step failed, requeueing", alert_id=item.alert.alert_id, error=str(exc))
             await asyncio.sleep(REDIS_PAUSE_SECONDS)
             with suppress(Exception):
-                await message.nack(requeue=True)
+                await item.message.nack(requeue=True)
 
-    async def _deliver(self, alert: Alert, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        assert self._ledger is not None
-        fresh = 0
-        for target in self._sink.targets:
-            if await self._ledger.delivered(alert.alert_id, target):
-                continue
-            outcome = await deliver_with_retries(
-                self._sink, alert, target, self._policy, self._stopping,
-                on_retry=lambda attempt, error: self._retrying(alert, target, attempt, error))
-            if outcome.interrupted:
-                await message.nack(requeue=True)  # stopping: the next run carries on
-                return
-            if not outcome.delivered:
-                reason = f"{outcome.last_error} (after {outcome.attempts} attempts)"
-                await self._park(message, reason, alert.alert_id, outcome.attempts, target)
-                return
-            await self._ledger.mark(alert.alert_id, target)
-            fresh += 1
-        if fresh:
-            ALERTS_DELIVERED.labels(channel=self.config.name).inc()
-            self._log.info("delivered", alert_id=alert.alert_id)
+    async def _retry_target(self, item: Item, target: str) -> bool:
+        """Attempts with backoff until one settles the alert for `target`; False once it failed or we stop."""
+        while True:
+            attempts = item.attempts.get(target, 0)
+            if target in item.errors:  # the last attempt failed in a way that may be tried again
+                if attempts >= self._policy.max_attempts:
+                    item.failed = f"{item.errors[target]} (after {attempts} attempts)"
+                    return False
+                DELIVERY_RETRIES.labels(channel=self.config.name).inc()
+                self._log.warning("delivery failed, will retry", alert_id=item.alert.alert_id,
+                                  target=target or None, attempt=attempts, error=item.errors[target])
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self._policy.delay(attempts))
+                    item.interrupted = True  # stopping: the message goes back for the next deliverer
+                    return False
+            await self._attempt([item], target)
+            if item.failed:
+                return False
+            if target not in item.retry:
+                return True
+            item.retry.remove(target)
+
+    async def _finish(self, item: Item) -> None:
+        """Settle the message: parked when it cannot be delivered, requeued when we stop, else acked."""
+        if item.failed:
+            await self._park(item.message, item.failed, item.alert.alert_id, max(item.attempts.values(), default=0))
+        elif item.interrupted:
+            await item.message.nack(requeue=True)
+            self._settled.add(id(item.message))
         else:
-            self._log.info("already delivered, dropping the repeat", alert_id=alert.alert_id)
-        await message.ack()
-
-    def _retrying(self, alert: Alert, target: str, attempt: int, error: str) -> None:
-        DELIVERY_RETRIES.labels(channel=self.config.name).inc()
-        self._log.warning("delivery failed, will retry", alert_id=alert.alert_id, target=target or None,
-                          attempt=attempt, error=error)
+            await item.message.ack()
+            self._settled.add(id(item.message))
 
     async def _park(self, message: aio_pika.abc.AbstractIncomingMessage, reason: str, alert_id: str | None,
-                    attempts: int, target: str = "") -> None:
+                    attempts: int) -> None:
         assert self._amqp_channel is not None
         await park(self._amqp_channel, self.config.name, message.body, reason, message_id=alert_id,
                    attempts=attempts)
         await message.ack()
+        self._settled.add(id(message))
         DELIVERY_DEAD_LETTERED.labels(channel=self.config.name).inc()
-        self._log.error("parked in the dead-letter queue", alert_id=alert_id, target=target or None,
-                        reason=reason, queue=channel_dead_letter(self.config.name))
+        self._log.error("parked in the dead-letter queue", alert_id=alert_id, reason=reason,
+                        queue=channel_dead_letter(self.config.name))
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, NotDelivered) else f"{type(exc).__name__}: {exc}"
+    return mask_url(text)[:MAX_REASON_CHARS]
 
 
 def build(settings: Settings, name: str | None = None) -> ChannelWorker:

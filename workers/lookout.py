@@ -149,7 +149,7 @@ class Lookout:
                 await asyncio.gather(*(self._publish(out, alert, queue) for alert, _ in new for queue in self._queues))
                 await self._redis.eval(_RECORD, len(new), *[key for _, key in new],
                                        self._settings.alert_dedup_ttl_seconds)
-                log.info("fanned out", count=len(new), channels=len(self._queues),
+                log.debug("fanned out", count=len(new), channels=len(self._queues),
                          alert_ids=[alert.alert_id for alert, _ in new[:20]])
             await batch[-1].ack(multiple=True)
         except Exception as exc:  # noqa: BLE001 - broker or Redis trouble: the batch comes back

@@ -29,11 +29,13 @@ from redis.retry import Retry
 from aldebaran.api import app as api_app
 from aldebaran.api.app import authorizer, bearer
 from aldebaran.api.pullqueue import PullQueue
+from aldebaran.channels.ledger import IN_DOUBT, status_of
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import AldebaranError
 from aldebaran.io.redis import Keys
 from aldebaran.log import get_logger
 from aldebaran.ops import stats as ops_stats
+from aldebaran.ops.delivery import in_doubt_counts
 from aldebaran.ops.management import Management
 from aldebaran.settings import Settings, mask_url
 from declare.topology import DEAD_LETTER, REASON_HEADER, channel_dead_letter, channel_queue
@@ -115,9 +117,12 @@ def _state(state: Any, name: str, factory: Any) -> Any:
 async def build_snapshot(settings: Settings, queue: PullQueue) -> dict[str, Any]:
     """One picture of the pipeline; a dependency that does not answer becomes a `problems` line."""
     problems: list[str] = []
-    broker, alerts = await asyncio.gather(
+    broker, alerts, doubt = await asyncio.gather(
         asyncio.to_thread(_broker_side, settings), asyncio.to_thread(_alerts_side, settings),
-        return_exceptions=True)
+        asyncio.to_thread(in_doubt_counts, settings), return_exceptions=True)
+    if isinstance(doubt, BaseException):
+        problems.append(_problem(doubt))
+        doubt = {}
     parked: list[Parked] = []
     if isinstance(broker, BaseException):
         problems.append(_problem(broker))
@@ -145,7 +150,7 @@ async def build_snapshot(settings: Settings, queue: PullQueue) -> dict[str, Any]
         "book_queues": broker.book_queues if broker else None,
         "open_books": broker.open_books if broker else None,
         "open_books_source": broker.open_books_source if broker else None,
-        "channels": [_channel(c, settings, depths) for c in settings.channels],
+        "channels": [_channel(c, settings, depths, doubt.get(c.name)) for c in settings.channels],
         "alerts": alerts,
         "pull_queue": pull,
         "dead_letters": {
@@ -204,10 +209,12 @@ def _is_quorum(queue: dict[str, Any]) -> bool:
     return queue.get("type") == "quorum" or (queue.get("arguments") or {}).get("x-queue-type") == "quorum"
 
 
-def _channel(config: Any, settings: Settings, depths: dict[str, int]) -> dict[str, Any]:
+def _channel(config: Any, settings: Settings, depths: dict[str, int], in_doubt: int | None) -> dict[str, Any]:
     return {
         "name": config.name,
         "kind": config.kind,
+        "delivery": config.guarantee,
+        "in_doubt": in_doubt,
         "recipients": len(_targets(config, settings)),
         "queued": depths.get(channel_queue(config.name)),
         "parked": depths.get(channel_dead_letter(config.name)),
@@ -229,12 +236,12 @@ def _alerts_side(settings: Settings) -> list[dict[str, Any]]:
     ids = [a.get("alert_id") if isinstance(a.get("alert_id"), str) else None for a in alerts]
     lookups = [keys.delivered(FANNED_OUT, i) for i in ids if i]
     lookups += [keys.delivered(scope, i) for i in ids if i for name in scopes for scope in scopes[name]]
-    found = dict(zip(lookups, _exists(settings, lookups)))
+    found = dict(zip(lookups, _statuses(settings, lookups)))
     for alert, alert_id in zip(alerts, ids):
         if alert_id is None:
             alert["fanned_out"], alert["delivery"] = None, {}
             continue
-        alert["fanned_out"] = found[keys.delivered(FANNED_OUT, alert_id)]
+        alert["fanned_out"] = found[keys.delivered(FANNED_OUT, alert_id)] is not None
         alert["delivery"] = {name: _status([found[keys.delivered(s, alert_id)] for s in scope_list])
                              for name, scope_list in scopes.items()}
     return alerts
@@ -250,21 +257,27 @@ def _mark_parked(alerts: list[dict[str, Any]], parked: list[Parked]) -> None:
                 status.update(status="parked", reason=where[key])
 
 
-def _status(marks: list[bool]) -> dict[str, Any]:
-    done = sum(marks)
-    status = "delivered" if done == len(marks) else "partial" if done else "pending"
+def _status(marks: list[str | None]) -> dict[str, Any]:
+    """One channel's state of one alert over its recipients (ledger statuses, `channels/ledger.py`)."""
+    done = marks.count("delivered")
+    if IN_DOUBT in marks:
+        status = "in doubt"
+    elif done == len(marks):
+        status = "delivered"
+    elif "sending" in marks:
+        status = "sending"
+    else:
+        status = "partial" if done else "pending"
     return {"status": status, "delivered": done, "recipients": len(marks)}
 
 
-def _exists(settings: Settings, names: list[str]) -> list[bool]:
+def _statuses(settings: Settings, names: list[str]) -> list[str | None]:
+    """The ledger status behind each key (None: no record)."""
     if not names:
         return []
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
                                   retry=Retry(NoBackoff(), 0))
     try:
-        with client.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.exists(name)
-            return [bool(n) for n in pipe.execute()]
+        return [status_of(value) for value in client.mget(names)]
     finally:
         client.close()

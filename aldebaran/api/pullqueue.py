@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable
+from typing import Callable, Sequence
 
 import redis.asyncio as aioredis
 
@@ -72,13 +72,23 @@ class PullQueue:
 
     async def send(self, message: str, dedup_id: str | None = None) -> tuple[str, bool]:
         """Enqueue; returns (key, created). With `dedup_id`, a repeat returns the first key."""
-        key = str(uuid.uuid4())
-        body = json.dumps({"timestamp": self._clock(), "message": message})
-        keys = [self._ready, self._bodies, self._retries]
+        created, actual = await self._send(**self._send_call(message, dedup_id))
+        return _text(actual), bool(created)
+
+    async def send_many(self, messages: Sequence[tuple[str, str | None]]) -> list[tuple[str, bool]]:
+        """`send` for many (message, dedup id) pairs in one round trip, each enqueue atomic on its own."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for message, dedup_id in messages:
+                await self._send(client=pipe, **self._send_call(message, dedup_id))
+            replies = await pipe.execute()
+        return [(_text(actual), bool(created)) for created, actual in replies]
+
+    def _send_call(self, message: str, dedup_id: str | None) -> dict[str, list[str | int]]:
+        keys: list[str | int] = [self._ready, self._bodies, self._retries]
         if dedup_id is not None:
             keys.append(f"{self._root}:sent:{dedup_id}")
-        created, actual = await self._send(keys=keys, args=[key, body, self._dedup_ttl])
-        return _text(actual), bool(created)
+        body = json.dumps({"timestamp": self._clock(), "message": message})
+        return {"keys": keys, "args": [str(uuid.uuid4()), body, self._dedup_ttl]}
 
     async def receive(self, count: int = 1) -> list[Received]:
         """Check out up to `count` messages for one visibility window (oldest first)."""

@@ -1,7 +1,8 @@
 """The alert-heavy bench's delivery side: the lookout and two channels, counted where alerts land.
 
 A queue-api channel (the pull queue, exactly once by alert id) and an amqp channel (one
-message per alert into a `downstream` queue of the same vhost) run as their own
+message per alert into a `downstream` queue of the same vhost; at most once, with 256
+sends in flight, so a crash could leave up to 256 in doubt) run as their own
 `aldebaran run` processes; the bench waits until both hold every alert the engine put
 on `Aldebaran.Alert` and checks that each holds it once.
 """
@@ -32,6 +33,8 @@ queue = "{PULL_QUEUE}"
 name = "bus"
 kind = "amqp"
 routing_key = "{DOWNSTREAM}"
+delivery = "at-most-once"
+max_in_flight = 256
 """
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 
 import aio_pika.abc
+from aio_pika.exceptions import DeliveryError
 
-from aldebaran.channels.base import Alert
+from aldebaran.channels.base import Alert, NotDelivered
 from aldebaran.io.amqp import connect, persistent
-from aldebaran.settings import AmqpChannel, Settings
+from aldebaran.settings import AmqpChannel, Settings, mask_url
 
 
 class AmqpSink:
@@ -42,10 +43,16 @@ class AmqpSink:
             return self._exchange
 
     async def send(self, alert: Alert, target: str) -> None:
-        exchange = self._exchange or await self._open()
+        try:
+            exchange = self._exchange or await self._open()
+        except Exception as exc:  # noqa: BLE001 - no connection: nothing was published
+            raise NotDelivered(f"cannot reach the broker: {type(exc).__name__}: {mask_url(str(exc))}") from None
         message = persistent(alert.body, message_id=alert.alert_id, content_type="application/json")
-        await exchange.publish(message, routing_key=self._config.routing_key, mandatory=True,
-                               timeout=self._config.timeout_seconds)
+        try:
+            await exchange.publish(message, routing_key=self._config.routing_key, mandatory=True,
+                                   timeout=self._config.timeout_seconds)
+        except DeliveryError as exc:  # the broker answered: nacked, or returned as unroutable
+            raise NotDelivered(f"the broker refused the alert: {exc!r}") from None
 
     async def close(self) -> None:
         if self._connection is not None:

@@ -1,8 +1,9 @@
-"""What every channel shares: the sink interface, retries, per-channel dedup, parking.
+"""What every channel shares: the sink interface, the retry policy, parking.
 
-A sink only knows how to hand one alert to one recipient. Whether to try again, how
-long to wait, whether the recipient already has the alert and where an undeliverable
-alert goes are decided here, once, so every channel behaves the same way.
+A sink only knows how to hand one alert to one recipient, and whether a failure proves
+the recipient did not get it (`NotDelivered`). Whether to try again, how long to wait,
+and where an undeliverable alert goes are decided once, for every channel, by the
+deliverer (`workers/channel.py`) and the ledger (`aldebaran/channels/ledger.py`).
 """
 
 from __future__ import annotations
@@ -10,17 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
 import aio_pika
 import aio_pika.abc
-import redis.asyncio as aioredis
 
 from aldebaran.io.amqp import persistent
-from aldebaran.io.redis import Keys
-from aldebaran.settings import mask_url
 from declare.topology import REASON_HEADER, channel_dead_letter
 
 MAX_REASON_CHARS = 1000
@@ -28,6 +26,16 @@ MAX_REASON_CHARS = 1000
 
 class UnreadableAlert(ValueError):
     """The message is not an alert (no JSON object, no alert_id): retrying cannot help."""
+
+
+class NotDelivered(Exception):
+    """The recipient certainly did not take the alert: nothing was sent (no connection, a refused
+    address) or it answered no. Safe to try again, even at most once; `permanent` when trying
+    again cannot help (a 4xx). A sink raises anything else when the alert may have arrived."""
+
+    def __init__(self, reason: str, *, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,54 +100,6 @@ class RetryPolicy:
         return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    delivered: bool
-    attempts: int
-    last_error: str | None = None
-    interrupted: bool = False
-
-
-async def deliver_with_retries(sink: Sink, alert: Alert, target: str, policy: RetryPolicy,
-                               stopping: asyncio.Event, on_retry: Any = None) -> Outcome:
-    """Try until the sink accepts, the attempts run out, or the process is stopping."""
-    last_error = None
-    for attempt in range(1, policy.max_attempts + 1):
-        try:
-            await sink.send(alert, target)
-            return Outcome(True, attempt)
-        except Exception as exc:  # noqa: BLE001 - any sink failure is retried, then parked
-            last_error = mask_url(f"{type(exc).__name__}: {exc}")[:MAX_REASON_CHARS]
-        if attempt == policy.max_attempts:
-            break
-        if on_retry is not None:
-            on_retry(attempt, last_error)
-        try:
-            await asyncio.wait_for(stopping.wait(), policy.delay(attempt))
-            return Outcome(False, attempt, last_error, interrupted=True)
-        except asyncio.TimeoutError:
-            pass
-    return Outcome(False, policy.max_attempts, last_error)
-
-
-class DeliveryLedger:
-    """Per-channel (and per-recipient) record in Redis of alerts that reached their recipient."""
-
-    def __init__(self, redis: aioredis.Redis, keys: Keys, channel: str, ttl_seconds: int) -> None:
-        self._redis, self._keys, self._channel, self._ttl = redis, keys, channel, ttl_seconds
-
-    def _key(self, alert_id: str, target: str) -> str:
-        # `/` cannot occur in a channel name, so a recipient's key never collides with a channel's.
-        scope = f"{self._channel}/{target}" if target else self._channel
-        return self._keys.delivered(scope, alert_id)
-
-    async def delivered(self, alert_id: str, target: str = "") -> bool:
-        return bool(await self._redis.exists(self._key(alert_id, target)))
-
-    async def mark(self, alert_id: str, target: str = "") -> None:
-        await self._redis.set(self._key(alert_id, target), "1", ex=self._ttl)
-
-
 async def park(channel: aio_pika.abc.AbstractChannel, channel_name: str, body: bytes, reason: str,
                *, message_id: str | None = None, attempts: int = 0) -> None:
     """Publish to the channel's dead-letter queue (confirmed) with the last error as the reason."""
@@ -156,10 +116,19 @@ class PerAlertLock:
         self._locks: dict[str, asyncio.Lock] = {}
         self._users: dict[str, int] = {}
 
-    @asynccontextmanager
-    async def hold(self, alert_id: str) -> AsyncIterator[None]:
+    def busy(self, alert_id: str) -> bool:
+        """Whether a copy of the alert holds or awaits the lock (counted from `reserve`)."""
+        return alert_id in self._users
+
+    def reserve(self, alert_id: str) -> AbstractAsyncContextManager[None]:
+        """Count a user at once (so `busy` is true from now on); the context holds the lock.
+        Enter the context it returns: the count drops when it exits."""
         lock = self._locks.setdefault(alert_id, asyncio.Lock())
         self._users[alert_id] = self._users.get(alert_id, 0) + 1
+        return self._hold(alert_id, lock)
+
+    @asynccontextmanager
+    async def _hold(self, alert_id: str, lock: asyncio.Lock) -> AsyncIterator[None]:
         try:
             async with lock:
                 yield

@@ -12,10 +12,12 @@ from email.message import EmailMessage
 
 import aiosmtplib
 
-from aldebaran.channels.base import Alert
+from aldebaran.channels.base import Alert, NotDelivered
 from aldebaran.channels.text import one_line
 from aldebaran.settings import EmailChannel, Settings
 
+_REFUSED = (aiosmtplib.SMTPConnectError, aiosmtplib.SMTPResponseException, aiosmtplib.SMTPRecipientsRefused,
+            aiosmtplib.SMTPNotSupported)
 _DOT_ATOM = re.compile(r"^[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+(\.[A-Za-z0-9!#$%&'*+\-/=?^_`{|}~]+)*$")
 _NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
@@ -50,9 +52,15 @@ class EmailSink:
 
     async def send(self, alert: Alert, target: str) -> None:
         c = self._config
-        await aiosmtplib.send(
-            self.compose(alert), hostname=c.host, port=c.port, username=c.username, password=c.password,
-            use_tls=c.use_tls, start_tls=c.starttls and not c.use_tls, timeout=c.timeout_seconds)
+        try:
+            await aiosmtplib.send(
+                self.compose(alert), hostname=c.host, port=c.port, username=c.username, password=c.password,
+                use_tls=c.use_tls, start_tls=c.starttls and not c.use_tls, timeout=c.timeout_seconds)
+        except _REFUSED as exc:
+            # No connection, or the server answered no: the mail was not accepted. A drop or a
+            # silence mid-conversation is left to propagate: the mail may have been accepted.
+            code = getattr(exc, "code", 0)
+            raise NotDelivered(f"{type(exc).__name__}: {exc}", permanent=500 <= code < 600) from None
 
     async def close(self) -> None:
         return None

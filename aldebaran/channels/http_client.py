@@ -17,9 +17,11 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from aldebaran import config_checks
+from aldebaran.channels.base import NotDelivered
 from aldebaran.settings import mask_url
 
 MAX_RESPONSE_BYTES = 64 * 1024  # what a recipient's answer may be; the rest is never read
+RETRYABLE_STATUS = {408, 425, 429}  # 4xx answers that say "try again later"; any other 4xx is final
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,27 +58,46 @@ def is_link_local(host: str) -> bool:
 
 
 async def refuse_link_local(url: str) -> None:
-    """Raise when `url`'s host is, or resolves to, a link-local address."""
+    """Raise `NotDelivered` when `url`'s host is, or resolves to, a link-local address."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if is_link_local(host):
-        raise RuntimeError(f"refused: {mask_url(url)} is a link-local address (allow_link_local is off)")
+        raise NotDelivered(f"refused: {mask_url(url)} is a link-local address (allow_link_local is off)",
+                           permanent=True)
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
     except OSError:
         return  # unresolvable: the request itself fails with the resolver's reason
     if any(is_link_local(str(info[4][0])) for info in infos):
-        raise RuntimeError(f"refused: {mask_url(url)} resolves to a link-local address (allow_link_local is off)")
+        raise NotDelivered(f"refused: {mask_url(url)} resolves to a link-local address (allow_link_local is off)",
+                           permanent=True)
+
+
+class _Progress:
+    """httpcore's trace hook: whether any byte of the request left for the recipient."""
+
+    def __init__(self) -> None:
+        self.sending = False
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if ".send_request_headers." in name:
+            self.sending = True
 
 
 async def post(http: httpx.AsyncClient, url: str, total_seconds: float, *,
                allow_link_local: bool = False, **request: Any) -> Answer:
-    """POST with one deadline for the whole exchange and a bounded read of the answer."""
+    """POST with one deadline for the whole exchange and a bounded read of the answer.
+
+    A failure before any byte of the request was sent (no connection, a refused address)
+    raises `NotDelivered`; a failure after it (a timeout, a dropped connection) raises
+    anything else: the recipient may have the alert (docs/delivery.md).
+    """
     if not allow_link_local:
         await refuse_link_local(url)
+    progress = _Progress()
     try:
         async with asyncio.timeout(total_seconds):
-            async with http.stream("POST", url, **request) as response:
+            async with http.stream("POST", url, extensions={"trace": progress}, **request) as response:
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk
@@ -84,13 +105,25 @@ async def post(http: httpx.AsyncClient, url: str, total_seconds: float, *,
                         break  # enough to say what went wrong; closing drops the rest
                 return Answer(response.status_code, str(response.request.url), bytes(body[:MAX_RESPONSE_BYTES]))
     except TimeoutError:
-        raise RuntimeError(f"no complete answer from {mask_url(url)} within {total_seconds:g} s") from None
+        reason = f"no complete answer from {mask_url(url)} within {total_seconds:g} s"
+        if not progress.sending:
+            raise NotDelivered(reason) from None
+        raise RuntimeError(reason) from None
+    except httpx.HTTPError as exc:
+        if not progress.sending:
+            raise NotDelivered(f"{type(exc).__name__}: {mask_url(str(exc))}") from None
+        raise
 
 
 def check(answer: Answer | httpx.Response) -> None:
-    """Raise with the status and the start of the body, which becomes the parked reason (URL masked)."""
+    """Raise `NotDelivered` for anything but 2xx: the recipient answered, and did not take it.
+
+    The status and the start of the body become the parked reason (URL masked). A 4xx
+    other than "try again later" is final: sending the same request again cannot help.
+    """
     if isinstance(answer, httpx.Response):
         answer = Answer(answer.status_code, str(answer.request.url), answer.content[:MAX_RESPONSE_BYTES])
     if not answer.is_success:
         text = answer.body[:200].decode("utf-8", "replace")
-        raise RuntimeError(f"HTTP {answer.status_code} from {mask_url(answer.url)}: {text}")
+        final = 400 <= answer.status_code < 500 and answer.status_code not in RETRYABLE_STATUS
+        raise NotDelivered(f"HTTP {answer.status_code} from {mask_url(answer.url)}: {text}", permanent=final)

@@ -11,7 +11,7 @@ import asyncio
 import os
 import time
 
-from aldebaran.channels.base import Alert
+from aldebaran.channels.base import Alert, NotDelivered
 from aldebaran.settings import NagiosChannel, Settings
 
 
@@ -23,9 +23,14 @@ def command_line(config: NagiosChannel, alert: Alert, now: float) -> str:
 
 
 def _write(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    except OSError as exc:  # no file, or no reader on the FIFO: nothing was written
+        raise NotDelivered(f"cannot open the command file {path}: {type(exc).__name__}: {exc}") from None
     try:
         os.write(fd, line.encode())
+    except BlockingIOError:  # the FIFO is full: a line up to PIPE_BUF is written whole or not at all
+        raise NotDelivered(f"the command file {path} is full (Nagios is not reading)") from None
     finally:
         os.close(fd)
 

@@ -6,6 +6,8 @@ Lua step as the enqueue, so a repeat can never create a second message.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import redis.asyncio as aioredis
 
 from aldebaran.api.pullqueue import PullQueue
@@ -33,6 +35,13 @@ class QueueApiSink:
     async def send(self, alert: Alert, target: str) -> None:
         assert self._queue is not None
         await self._queue.send(alert.body.decode(), dedup_id=alert.alert_id)
+
+    async def send_many(self, alerts: Sequence[Alert], target: str) -> list[BaseException | None]:
+        """Many enqueues in one round trip; the pipeline fails or succeeds as a whole here, and a
+        resend of any of them enqueues nothing (keyed by alert_id)."""
+        assert self._queue is not None
+        await self._queue.send_many([(alert.body.decode(), alert.alert_id) for alert in alerts])
+        return [None] * len(alerts)
 
     async def close(self) -> None:
         if self._redis is not None:

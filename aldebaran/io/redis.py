@@ -62,6 +62,10 @@ class Keys:
         """One channel's record that an alert reached its recipient."""
         return f"{self.prefix}:delivered:{channel}:{alert_id}"
 
+    def in_doubt(self, channel: str) -> str:
+        """One at-most-once channel's alerts in doubt after an interrupted attempt (a hash)."""
+        return f"{self.prefix}:in-doubt:{channel}"
+
     def recent_alerts(self) -> str:
         return f"{self.prefix}:recent-alerts"
 

@@ -64,6 +64,7 @@ class Stats:
     dead_letter_peek: list[DeadLetter]
     dead_letter_note: str | None
     recent_alerts: list[dict[str, Any]] | None
+    channels: list[dict[str, Any]] = field(default_factory=list)  # guarantee and alerts in doubt per channel
     problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -178,6 +179,16 @@ def recent_alerts(settings: Settings, count: int) -> list[dict[str, Any]]:
     return alerts
 
 
+def channel_rows(settings: Settings, shown: int = 5) -> list[dict[str, Any]]:
+    """Each channel's delivery guarantee, how many alerts it has in doubt, and the oldest of them."""
+    from aldebaran.ops.delivery import in_doubt, in_doubt_counts
+
+    found = in_doubt(settings, limit=shown)
+    counts = in_doubt_counts(settings)
+    return [{"name": c.name, "kind": c.kind, "delivery": c.guarantee, "in_doubt": counts.get(c.name, 0),
+             "oldest_in_doubt": [e.to_dict() for e in found.get(c.name, [])]} for c in settings.channels]
+
+
 def collect(settings: Settings, *, alerts: int = 10, peek: int = 5, metrics_urls: Sequence[str] = ()) -> Stats:
     """Everything `aldebaran stats` shows; the management API must answer, Redis may not."""
     with Management(settings) as mgmt:
@@ -195,7 +206,13 @@ def collect(settings: Settings, *, alerts: int = 10, peek: int = 5, metrics_urls
         latest = None
         problems.append(f"redis at {mask_url(settings.redis_url)}: {exc}")
         log.warning("recent alerts unavailable", error=str(exc))
+    try:
+        channels = channel_rows(settings)
+    except AldebaranError as exc:
+        channels = []
+        problems.append(str(exc))
     return Stats(
+        channels=channels,
         vhost=mgmt.vhost,
         queues=rows,
         book_queues=len(books),
@@ -253,5 +270,21 @@ def render(stats: Stats, console: Any) -> None:
             alerts.add_row(*(str(a.get(k, "")) if a.get(k) is not None else "-" for k in (
                 "detected_at", "kind", "order_id", "client", "stock", "requested_shares", "purchased_shares")))
         console.print(alerts)
+    _render_channels(stats.channels, console)
     for problem in stats.problems:
         console.print(f"[red]problem:[/red] {problem}")
+
+
+def _render_channels(channels: list[dict[str, Any]], console: Any) -> None:
+    from rich.table import Table
+
+    if not channels:
+        return
+    table = Table(title="Channels (alerts in doubt: `aldebaran delivery in-doubt`, settle one with "
+                        "`aldebaran delivery settle`)", title_justify="left")
+    for column in ("channel", "kind", "delivery", "in doubt", "oldest in doubt"):
+        table.add_column(column, overflow="fold")
+    for c in channels:
+        oldest = ", ".join(e["alert_id"] for e in c["oldest_in_doubt"]) or "-"
+        table.add_row(c["name"], c["kind"], c["delivery"], str(c["in_doubt"]), oldest)
+    console.print(table)

@@ -53,7 +53,7 @@ def record():
                "sinks": {name: {"expected": r.expected, "delivered": r.delivered, "deliveries": r.deliveries,
                                 "lost": len(r.lost), "duplicated": len(r.duplicated),
                                 "unexpected": len(r.unexpected),
-                                "window_repeats": sum(n - 1 for n in r.window_repeats.values())} for name, r in reports.items()},
+                                "in_doubt": len(r.in_doubt)} for name, r in reports.items()},
                **extra}
         with open(path, "a") as fh:
             fh.write(json.dumps(row) + "\n")

@@ -121,7 +121,6 @@ class Fleet:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
     kills: dict[str, int] = field(default_factory=dict)
-    kill_times: dict[str, list[float]] = field(default_factory=dict)  # monotonic time of each SIGKILL
     _ready_before: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -172,7 +171,6 @@ class Fleet:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
         self.kills[kind] = self.kills.get(kind, 0) + 1
-        self.kill_times.setdefault(kind, []).append(time.monotonic())
 
     def bounce(self, kind: str) -> None:
         """Kill a working process of `kind` (the previous restart is ready first) and restart it."""
@@ -270,16 +268,33 @@ class RetryingPublisher:
 
 
 def wait_for_sinks(expected: set[str], sinks: dict[str, Callable[[], list[str]]], timeout: float,
-                   settle: float = 3.0) -> dict[str, SinkReport]:
-    """Poll every sink until it has every expected alert (or the bounded wait ends), then
-    keep listening `settle` seconds more so late repeats are caught too."""
+                   settle: float = 3.0, in_doubt: dict[str, Callable[[], list[str]]] | None = None,
+                   ) -> dict[str, SinkReport]:
+    """Poll every sink until it has every expected alert, or has it in doubt (at-most-once,
+    `in_doubt` readers by sink), or the bounded wait ends; then keep listening `settle`
+    seconds more so late repeats are caught too."""
+    doubt = in_doubt or {}
+
+    def accounted(name: str, read: Callable[[], list[str]]) -> bool:
+        return expected <= set(read()) | set(doubt[name]() if name in doubt else ())
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(expected <= set(read()) for read in sinks.values()):
+        if all(accounted(name, read) for name, read in sinks.items()):
             break
         time.sleep(0.5)
     time.sleep(settle)
-    return {name: check(name, expected, read()) for name, read in sinks.items()}
+    return {name: check(name, expected, read(), doubt[name]() if name in doubt else ())
+            for name, read in sinks.items()}
+
+
+def in_doubt_ids(redis_url: str, prefix: str, channel: str = "hook") -> list[str]:
+    """The alert ids an at-most-once channel lists in doubt (aldebaran/channels/ledger.py)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [json.loads(field)[0] for field in client.hkeys(f"{prefix}:in-doubt:{channel}")]
+    finally:
+        client.close()
 
 
 def describe(reports: Iterable[SinkReport]) -> str:

@@ -13,16 +13,15 @@ import sys
 
 def render(lines: list[str]) -> str:
     rows = [json.loads(line) for line in lines if line.strip()]
-    out = ["| fault | injected | events | sink | alerts expected | delivered | lost | duplicated | unexpected |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| fault | injected | events | sink | alerts expected | delivered | in doubt | lost | duplicated | "
+           "unexpected |", "|---|---|---|---|---|---|---|---|---|---|"]
     commands = []
     for row in rows:
         if row.get("fuzz"):
             continue
         for sink, r in row["sinks"].items():
             out.append(f"| {row['fault']} | {row['injected']} | {row['events']} | {sink} | {r['expected']} | "
-                       f"{r['delivered']} | {r['lost']} | {r['duplicated']}"
-                       f"{' (+%d window repeats)' % r['window_repeats'] if r.get('window_repeats') else ''} | "
+                       f"{r['delivered']} | {r.get('in_doubt', 0)} | {r['lost']} | {r['duplicated']} | "
                        f"{r['unexpected']} |")
         commands.append(f"- {row['fault']}: `{row['command']}`")
     fuzz = [row for row in rows if row.get("fuzz")]

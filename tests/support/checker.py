@@ -26,9 +26,9 @@ class SinkReport:
     lost: list[str] = field(default_factory=list)
     duplicated: dict[str, int] = field(default_factory=dict)  # alert id -> copies received
     unexpected: list[str] = field(default_factory=list)
-    # Repeats an at-least-once sink is allowed: the deliverer was killed between the
-    # recipient's receipt and the ledger write (docs/delivery.md, "the window").
-    window_repeats: dict[str, int] = field(default_factory=dict)
+    # At-most-once: alerts whose attempt a kill interrupted, listed for the operator. The
+    # recipient may or may not have one; either way it is not lost and must not come twice.
+    in_doubt: list[str] = field(default_factory=list)
 
     @property
     def extra_copies(self) -> int:
@@ -42,44 +42,27 @@ class SinkReport:
         return (f"{self.sink}: expected {self.expected}, delivered {self.delivered} "
                 f"({self.deliveries} deliveries), lost {len(self.lost)}, duplicated {len(self.duplicated)} "
                 f"(+{self.extra_copies} copies), unexpected {len(self.unexpected)}"
-                + (f"; {sum(n - 1 for n in self.window_repeats.values())} repeats inside a deliverer kill's window"
-                   if self.window_repeats else ""))
+                + (f", in doubt {len(self.in_doubt)}" if self.in_doubt else ""))
 
 
-def check(sink: str, expected: set[str], delivered_ids: Iterable[str]) -> SinkReport:
-    """Judge one sink's deliveries (one alert id per delivery, repeats included)."""
+def check(sink: str, expected: set[str], delivered_ids: Iterable[str], in_doubt: Iterable[str] = ()) -> SinkReport:
+    """Judge one sink's deliveries (one alert id per delivery, repeats included).
+
+    An alert in doubt counts as accounted for (delivered + in doubt = expected), but an
+    id in doubt that was never expected is unexpected, like a delivery of one.
+    """
     counts = Counter(delivered_ids)
+    doubt = set(in_doubt)
     return SinkReport(
         sink=sink,
         expected=len(expected),
         deliveries=sum(counts.values()),
         delivered=len(expected & counts.keys()),
-        lost=sorted(expected - counts.keys()),
+        lost=sorted(expected - counts.keys() - doubt),
         duplicated={k: n for k, n in sorted(counts.items()) if n > 1},
-        unexpected=sorted(counts.keys() - expected),
+        unexpected=sorted((counts.keys() | doubt) - expected),
+        in_doubt=sorted(doubt),
     )
-
-
-def allow_window_repeats(report: SinkReport, arrivals: list[tuple[float, str]],
-                         kill_times: list[float], in_flight: int) -> SinkReport:
-    """Move repeats caused by a deliverer's SIGKILL out of `duplicated`.
-
-    An at-least-once sink (a webhook: HTTP has no commit shared with our ledger) gets an
-    alert again when its deliverer dies after the recipient took it and before the ledger
-    recorded it. A repeat is allowed only when a kill lies between every two arrivals of
-    that alert, and at most `in_flight` (the deliverer's prefetch) per kill; any other
-    repeat stays a duplicate and fails the run.
-    """
-    times: dict[str, list[float]] = {}
-    for at, alert_id in sorted(arrivals):
-        times.setdefault(alert_id, []).append(at)
-    allowed = {alert_id: copies for alert_id, copies in report.duplicated.items()
-               if all(any(a < k < b for k in kill_times) for a, b in zip(times[alert_id], times[alert_id][1:]))}
-    if sum(n - 1 for n in allowed.values()) > in_flight * len(kill_times):
-        return report
-    report.window_repeats = allowed
-    report.duplicated = {k: n for k, n in report.duplicated.items() if k not in allowed}
-    return report
 
 
 def fault_stream(orders: int, seed: int = 11, fills: tuple[int, int] = (4, 40), orphans: float = 0.05,

@@ -65,7 +65,7 @@ function renderCards(data) {
 }
 
 function badge(status, text) {
-  return el("span", { class: `badge ${status}`, "data-status": status }, text);
+  return el("span", { class: `badge ${status.replace(/ /g, "-")}`, "data-status": status }, text);
 }
 
 function renderAlerts(data) {
@@ -109,10 +109,13 @@ function renderQueues(data) {
 }
 
 function renderChannels(data) {
-  const rows = (data.channels || []).map((c) => el("tr", {},
-    el("td", { class: "mono" }, c.name), el("td", {}, c.kind), el("td", { class: "num" }, c.recipients),
-    el("td", { class: "num" }, dash(c.queued)), el("td", { class: c.parked ? "num bad" : "num" }, dash(c.parked))));
-  fill($("channels").tBodies[0], rows, "No channels configured.", 5);
+  const rows = (data.channels || []).map((c) => el("tr", { "data-channel": c.name },
+    el("td", { class: "mono" }, c.name), el("td", {}, c.kind), el("td", {}, c.delivery),
+    el("td", { class: "num" }, c.recipients),
+    el("td", { class: "num" }, dash(c.queued)), el("td", { class: c.parked ? "num bad" : "num" }, dash(c.parked)),
+    el("td", { class: c.in_doubt ? "num warn in-doubt" : "num in-doubt",
+               title: c.in_doubt ? "settle with `aldebaran delivery settle`" : null }, dash(c.in_doubt))));
+  fill($("channels").tBodies[0], rows, "No channels configured.", 7);
 }
 
 function renderDeadLetters(data) {
