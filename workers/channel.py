@@ -30,7 +30,7 @@ from aldebaran.channels.base import (
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import ConfigError
 from aldebaran.io.amqp import connect as connect_amqp
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DELIVERED, DELIVERY_DEAD_LETTERED, DELIVERY_RETRIES
@@ -62,7 +62,7 @@ class ChannelWorker:
         self._stopping = life.stopping
         redis: aioredis.Redis = await connect_redis(self._settings)
         self._ledger = DeliveryLedger(redis, Keys(self._settings.redis_key_prefix), self.config.name,
-                                      self._settings.alert_dedup_ttl_seconds)
+                                      self._settings.alert_dedup_ttl_seconds, Replicas.of(self._settings))
         connection = await connect_amqp(self._settings, self.name)
         in_flight: set[asyncio.Task] = set()
         try:
@@ -114,6 +114,7 @@ class ChannelWorker:
         fresh = 0
         for target in self._sink.targets:
             if await self._ledger.delivered(alert.alert_id, target):
+                await self._ledger.settle(alert.alert_id, target)
                 continue
             outcome = await deliver_with_retries(
                 self._sink, alert, target, self._policy, self._stopping,

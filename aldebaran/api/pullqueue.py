@@ -20,7 +20,7 @@ from typing import Callable
 
 import redis.asyncio as aioredis
 
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas, run_script
 
 
 def _script(redis: aioredis.Redis, name: str):  # noqa: ANN202 - redis-py's Script type
@@ -54,7 +54,7 @@ class PullQueue:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, name: str, *, checkout_lifetime_seconds: float,
                  max_receive_count: int, dedup_ttl_seconds: int = 7 * 86400,
-                 clock: Callable[[], int] = wall_clock_ms) -> None:
+                 clock: Callable[[], int] = wall_clock_ms, replicas: Replicas = Replicas()) -> None:
         root = keys.pull_queue(name)
         self.name = name
         self._root = root
@@ -65,6 +65,7 @@ class PullQueue:
         self._max_receive = max_receive_count
         self._dedup_ttl = dedup_ttl_seconds
         self._clock = clock
+        self._replicas = replicas  # an enqueue is on this many replicas before `send` returns
         self._send = _script(redis, "send.lua")
         self._receive = _script(redis, "receive.lua")
         self._rescue = _script(redis, "rescue.lua")
@@ -77,7 +78,8 @@ class PullQueue:
         keys = [self._ready, self._bodies, self._retries]
         if dedup_id is not None:
             keys.append(f"{self._root}:sent:{dedup_id}")
-        created, actual = await self._send(keys=keys, args=[key, body, self._dedup_ttl])
+        created, actual = await run_script(self._redis, self._send, keys, [key, body, self._dedup_ttl],
+                                           self._replicas)
         return _text(actual), bool(created)
 
     async def receive(self, count: int = 1) -> list[Received]:

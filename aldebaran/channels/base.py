@@ -19,7 +19,7 @@ import aio_pika.abc
 import redis.asyncio as aioredis
 
 from aldebaran.io.amqp import persistent
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas, set_replicated
 from aldebaran.settings import mask_url
 from declare.topology import REASON_HEADER, channel_dead_letter
 
@@ -125,8 +125,10 @@ async def deliver_with_retries(sink: Sink, alert: Alert, target: str, policy: Re
 class DeliveryLedger:
     """Per-channel (and per-recipient) record in Redis of alerts that reached their recipient."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, channel: str, ttl_seconds: int) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, channel: str, ttl_seconds: int,
+                 replicas: Replicas = Replicas()) -> None:
         self._redis, self._keys, self._channel, self._ttl = redis, keys, channel, ttl_seconds
+        self._replicas = replicas  # the mark is on this many replicas before the alert is acked
 
     def _key(self, alert_id: str, target: str) -> str:
         # `/` cannot occur in a channel name, so a recipient's key never collides with a channel's.
@@ -137,7 +139,13 @@ class DeliveryLedger:
         return bool(await self._redis.exists(self._key(alert_id, target)))
 
     async def mark(self, alert_id: str, target: str = "") -> None:
-        await self._redis.set(self._key(alert_id, target), "1", ex=self._ttl)
+        await set_replicated(self._redis, self._key(alert_id, target), "1", self._ttl, self._replicas)
+
+    async def settle(self, alert_id: str, target: str = "") -> None:
+        """A mark found, before a repeat is acked: with replicas required, make sure they have it
+        (it may be a mark whose replication failed just before a requeue)."""
+        if self._replicas.count:
+            await self.mark(alert_id, target)
 
 
 async def park(channel: aio_pika.abc.AbstractChannel, channel_name: str, body: bytes, reason: str,
