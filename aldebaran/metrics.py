@@ -25,6 +25,9 @@ PROCESSING_LATENCY = Histogram(
     "aldebaran_processing_latency_seconds", "Time from ingest to a pipeline stage", ["stage"], buckets=LATENCY_BUCKETS
 )
 BROKER_RECONNECTS = Counter("aldebaran_broker_reconnects_total", "Reconnections to RabbitMQ", ["component"])
+REDIS_NOT_REPLICATED = Counter("aldebaran_redis_not_replicated_total",
+                               "Redis writes that fewer replicas than redis_min_replicas_acked acknowledged in time "
+                               "(the step failed, its input stays unacked)")
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:

@@ -37,7 +37,7 @@ from aldebaran.channels.ledger import Claim, DeliveryLedger
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import ConfigError
 from aldebaran.io.amqp import connect as connect_amqp
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DELIVERED, DELIVERY_DEAD_LETTERED, DELIVERY_IN_DOUBT, DELIVERY_RETRIES
@@ -90,7 +90,7 @@ class ChannelWorker:
         self._stopping = life.stopping
         redis: aioredis.Redis = await connect_redis(self._settings)
         self._ledger = DeliveryLedger(redis, Keys(self._settings.redis_key_prefix), self.config.name,
-                                      self._settings.alert_dedup_ttl_seconds, self._token)
+                                      self._settings.alert_dedup_ttl_seconds, self._token, Replicas.of(self._settings))
         connection = await connect_amqp(self._settings, self.name)
         drained = asyncio.Event()
         drainer: asyncio.Task[None] | None = None

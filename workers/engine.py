@@ -79,13 +79,15 @@ class EngineWorker:
         tune_gc()
         redis = await redis_io.connect(self.settings)
         lease_ms = int(self.config.lease_seconds * 1000)
-        self.store = EngineStore(redis, self.keys, self.token, lease_ms, self.settings.alert_dedup_ttl_seconds)
+        self.store = EngineStore(redis, self.keys, self.token, lease_ms, self.settings.alert_dedup_ttl_seconds,
+                                 redis_io.Replicas.of(self.settings))
 
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
             try:
                 await Session(self, connection, ended, life).run()
             except (RedisError, Fenced) as exc:  # the broker session restarts; Redis may be back by then
-                raise ConnectionError(f"engine state unavailable: {exc!r}") from exc
+                # Not repr(): redis-py's hides the message (`server:NotReplicated`).
+                raise ConnectionError(f"engine state unavailable: {type(exc).__name__}: {exc}") from exc
 
         try:
             await amqp.run_sessions(self.settings, self.name, life.stopping, session)
@@ -101,6 +103,7 @@ class EngineWorker:
         """A fresh engine with the committed books replayed, and the alerts still pending."""
         started = time.perf_counter()
         done, records, pending = await self.store.load()
+        await self.store.settle()  # what was loaded is on the replicas before anything is re-published
         engine = self.new_engine()
         now = datetime.now(timezone.utc)
         if done is not None:

@@ -32,7 +32,7 @@ from aldebaran.channels.base import Alert, UnreadableAlert
 from aldebaran.io.alert_bus import split_alerts
 from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.amqp import connect as connect_amqp
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas, run_script
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
 from aldebaran.settings import Settings
@@ -56,12 +56,14 @@ class Lookout:
         self._queues = [channel_queue(c.name) for c in settings.channels]
         self._keys = Keys(settings.redis_key_prefix)
         self._redis: aioredis.Redis | None = None
+        self._replicas = Replicas.of(settings)
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._delivered: list[aio_pika.abc.AbstractIncomingMessage] = []
         self._arrived = asyncio.Event()
 
     async def run(self, life: Lifecycle) -> None:
         self._redis = await connect_redis(self._settings)
+        self._record = self._redis.register_script(_RECORD)
         connection = await connect_amqp(self._settings, self.name)
         drainer: asyncio.Task[None] | None = None
         try:
@@ -147,8 +149,9 @@ class Lookout:
                 log.info("already fanned out, dropping the repeats", count=repeats)
             if new:
                 await asyncio.gather(*(self._publish(out, alert, queue) for alert, _ in new for queue in self._queues))
-                await self._redis.eval(_RECORD, len(new), *[key for _, key in new],
-                                       self._settings.alert_dedup_ttl_seconds)
+                # With redis_min_replicas_acked, on a replica before the ack (a failover keeps it).
+                await run_script(self._redis, self._record, [key for _, key in new],
+                                 [self._settings.alert_dedup_ttl_seconds], self._replicas)
                 log.debug("fanned out", count=len(new), channels=len(self._queues),
                          alert_ids=[alert.alert_id for alert, _ in new[:20]])
             await batch[-1].ack(multiple=True)

@@ -24,7 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from aldebaran.api.pullqueue import PullQueue, wall_clock_ms
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
 from aldebaran.settings import Settings
@@ -197,7 +197,7 @@ def create_app(settings: Settings, *, clock: Callable[[], int] = wall_clock_ms,
             redis, Keys(settings.redis_key_prefix), settings.api_queue,
             checkout_lifetime_seconds=settings.checkout_lifetime_seconds,
             max_receive_count=settings.max_receive_count,
-            dedup_ttl_seconds=settings.alert_dedup_ttl_seconds, clock=clock)
+            dedup_ttl_seconds=settings.alert_dedup_ttl_seconds, clock=clock, replicas=Replicas.of(settings))
         stopping = asyncio.Event()
         rescuer = asyncio.create_task(_rescue_loop(app.state.queue, settings.rescue_interval_seconds, stopping))
         try:

@@ -23,8 +23,6 @@ import redis
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 from fastapi.security import HTTPAuthorizationCredentials
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from aldebaran.api import app as api_app
 from aldebaran.api.app import authorizer, bearer
@@ -32,7 +30,7 @@ from aldebaran.api.pullqueue import PullQueue
 from aldebaran.channels.ledger import IN_DOUBT, status_of
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import AldebaranError
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, sync_client
 from aldebaran.log import get_logger
 from aldebaran.ops import stats as ops_stats
 from aldebaran.ops.delivery import in_doubt_counts
@@ -275,8 +273,7 @@ def _statuses(settings: Settings, names: list[str]) -> list[str | None]:
     """The ledger status behind each key (None: no record)."""
     if not names:
         return []
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
-                                  retry=Retry(NoBackoff(), 0))
+    client = sync_client(settings.redis_url, timeout=5, tls_ca_file=settings.tls_ca_file)
     try:
         return [status_of(value) for value in client.mget(names)]
     finally:

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import redis.asyncio as aioredis
 
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas, check_replicated, run_script, wait_replicas
 
 
 def _script(redis: aioredis.Redis, name: str):  # noqa: ANN202 - redis-py's Script type
@@ -54,7 +54,7 @@ class PullQueue:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, name: str, *, checkout_lifetime_seconds: float,
                  max_receive_count: int, dedup_ttl_seconds: int = 7 * 86400,
-                 clock: Callable[[], int] = wall_clock_ms) -> None:
+                 clock: Callable[[], int] = wall_clock_ms, replicas: Replicas = Replicas()) -> None:
         root = keys.pull_queue(name)
         self.name = name
         self._root = root
@@ -65,6 +65,7 @@ class PullQueue:
         self._max_receive = max_receive_count
         self._dedup_ttl = dedup_ttl_seconds
         self._clock = clock
+        self._replicas = replicas  # an enqueue is on this many replicas before `send` returns
         self._send = _script(redis, "send.lua")
         self._receive = _script(redis, "receive.lua")
         self._rescue = _script(redis, "rescue.lua")
@@ -72,7 +73,8 @@ class PullQueue:
 
     async def send(self, message: str, dedup_id: str | None = None) -> tuple[str, bool]:
         """Enqueue; returns (key, created). With `dedup_id`, a repeat returns the first key."""
-        created, actual = await self._send(**self._send_call(message, dedup_id))
+        call = self._send_call(message, dedup_id)
+        created, actual = await run_script(self._redis, self._send, call["keys"], call["args"], self._replicas)
         return _text(actual), bool(created)
 
     async def send_many(self, messages: Sequence[tuple[str, str | None]]) -> list[tuple[str, bool]]:
@@ -80,7 +82,10 @@ class PullQueue:
         async with self._redis.pipeline(transaction=False) as pipe:
             for message, dedup_id in messages:
                 await self._send(client=pipe, **self._send_call(message, dedup_id))
+            wait_replicas(pipe, self._replicas)
             replies = await pipe.execute()
+        if self._replicas.count:
+            check_replicated(replies.pop(), self._replicas)
         return [(_text(actual), bool(created)) for created, actual in replies]
 
     def _send_call(self, message: str, dedup_id: str | None) -> dict[str, list[str | int]]:

@@ -15,8 +15,8 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import httpx
 import psutil
-import redis
 
+from aldebaran.io.redis import sync_client
 from aldebaran.settings import Settings
 
 
@@ -63,7 +63,7 @@ class Place:
     def __exit__(self, *_: object) -> None:
         with _management(self.base) as http:
             http.delete(f"/api/vhosts/{quote(self.vhost, safe='')}")
-        client = redis.Redis.from_url(self.base.redis_url)
+        client = sync_client(self.base.redis_url, timeout=30, tls_ca_file=self.base.tls_ca_file)
         keys = list(client.scan_iter(match=f"{self.prefix}:*", count=1000))
         for start in range(0, len(keys), 500):
             client.delete(*keys[start:start + 500])

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import redis.asyncio as aioredis
 
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas, check_replicated, run_script, wait_replicas
 
 SENDING, DELIVERED, IN_DOUBT = "sending:", "delivered", "in-doubt"
 
@@ -90,8 +90,11 @@ def in_doubt_entry(alert_id: str, target: str, reason: str, body: bytes) -> str:
 class DeliveryLedger:
     """One channel's ledger, as one worker process (`token`) sees it."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, channel: str, ttl_seconds: int, token: str = "") -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, channel: str, ttl_seconds: int, token: str = "",
+                 replicas: Replicas = Replicas()) -> None:
         self._redis, self._keys, self._channel, self._ttl, self._token = redis, keys, channel, ttl_seconds, token
+        # Every claim and settle is on this many replicas before anything is sent or acked.
+        self._replicas = replicas
         self._index = keys.in_doubt(channel)
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
@@ -104,8 +107,11 @@ class DeliveryLedger:
         every new one (so claim only as many as are about to be sent)."""
         if not items:
             return []
-        found = await self._claim(keys=[self.key(alert_id, target) for alert_id, target in items],
-                                  args=["1" if record_attempt else "0", SENDING + self._token, self._ttl])
+        # With replicas required, a found record is written again so the WAIT covers it too (it may
+        # be one whose replication failed just before its message came back).
+        found = await run_script(self._redis, self._claim, [self.key(alert_id, target) for alert_id, target in items],
+                                 ["1" if record_attempt else "0", SENDING + self._token, self._ttl,
+                                  "1" if self._replicas.count else "0"], self._replicas)
         return [Claim(value.decode() if isinstance(value, bytes) else value) for value in found]
 
     async def settle(self, delivered: Sequence[tuple[str, str]] = (), released: Sequence[tuple[str, str]] = (),
@@ -122,15 +128,19 @@ class DeliveryLedger:
             for alert_id, target, reason, body in in_doubt:
                 pipe.set(self.key(alert_id, target), IN_DOUBT, ex=self._ttl)
                 pipe.hset(self._index, entry_field(alert_id, target), in_doubt_entry(alert_id, target, reason, body))
-            await pipe.execute()
+            wait_replicas(pipe, self._replicas)
+            replies = await pipe.execute()
+        if self._replicas.count:
+            check_replicated(replies[-1], self._replicas)
 
     async def is_delivered(self, alert_id: str, target: str = "") -> bool:
         return status_of(await self._redis.get(self.key(alert_id, target))) == "delivered"
 
 
-# KEYS: ledger keys. ARGV: record the attempts ("1"/"0"), the sending mark, ttl. Per key a
-# `Claim` value: an attempt left by someone else is `interrupted` when attempts are recorded
-# (at most once), and simply `new` when they are not (at least once sends again).
+# KEYS: ledger keys. ARGV: record the attempts ("1"/"0"), the sending mark, ttl, rewrite what
+# is found ("1"/"0"). Per key a `Claim` value: an attempt left by someone else is
+# `interrupted` when attempts are recorded (at most once), and simply `new` when they are not
+# (at least once sends again).
 _CLAIM = """
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -138,12 +148,15 @@ for i, key in ipairs(KEYS) do
   if state == false or (string.sub(state, 1, 8) == 'sending:' and ARGV[1] == '0') then
     if ARGV[1] == '1' then redis.call('SET', key, ARGV[2], 'EX', ARGV[3]) end
     out[i] = 'new'
-  elseif string.sub(state, 1, 8) == 'sending:' then
-    out[i] = 'interrupted'
-  elseif state == 'in-doubt' then
-    out[i] = 'in-doubt'
   else
-    out[i] = 'delivered'
+    if ARGV[4] == '1' then redis.call('SET', key, state, 'KEEPTTL') end
+    if string.sub(state, 1, 8) == 'sending:' then
+      out[i] = 'interrupted'
+    elseif state == 'in-doubt' then
+      out[i] = 'in-doubt'
+    else
+      out[i] = 'delivered'
+    end
   end
 end
 return out

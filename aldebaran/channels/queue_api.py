@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from aldebaran.api.pullqueue import PullQueue
 from aldebaran.channels.base import Alert
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.settings import QueueApiChannel, Settings
 
@@ -30,7 +30,8 @@ class QueueApiSink:
         s = self._settings
         self._queue = PullQueue(self._redis, Keys(s.redis_key_prefix), self._config.queue,
                                 checkout_lifetime_seconds=s.checkout_lifetime_seconds,
-                                max_receive_count=s.max_receive_count, dedup_ttl_seconds=s.alert_dedup_ttl_seconds)
+                                max_receive_count=s.max_receive_count, dedup_ttl_seconds=s.alert_dedup_ttl_seconds,
+                                replicas=Replicas.of(s))
 
     async def send(self, alert: Alert, target: str) -> None:
         assert self._queue is not None

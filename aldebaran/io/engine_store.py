@@ -8,6 +8,13 @@ cycle's log record, and record each alert it fired (`SET alert:<id> NX`: an aler
 fires once, ever) in the pending outbox. After the broker confirms the alert batch,
 `mark_sent` moves them out of the outbox; whatever is still pending after a crash is
 published again by the next owner before it consumes anything (docs/engine.md).
+
+The commit and the compaction carry an operation id and remember the last one applied
+(`engine:last-op`): redis-py re-sends a command whose reply was lost (a connection
+reset, a Sentinel failover), and a second RPUSH or LTRIM of the same cycle, or a
+second `SET NX` answering "not new" for alerts that were never published, would be
+wrong. With `redis_min_replicas_acked` the commit is followed by `WAIT` in the same
+round trip, so a commit the engine acts on is on a replica (docs/engine.md, Sentinel).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from aldebaran.core.wal import DoneImage, WalRecord, decode_done, decode_record
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, Replicas, run_script
 
 LOAD_PAGE = 500  # log records per LRANGE while loading
 RECENT_ALERTS = 100
@@ -31,14 +38,18 @@ class Fenced(Exception):
 class EngineStore:
     """One engine's view of its Redis state, under the deployment's key prefix."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, token: str, lease_ms: int, retention_seconds: int) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, token: str, lease_ms: int, retention_seconds: int,
+                 replicas: Replicas = Replicas()) -> None:
         self.redis = redis
         self.keys = keys
         self.token = token
         self.lease_ms = lease_ms
         self.retention = retention_seconds
+        self.replicas = replicas
         self._owner, self._wal = keys.engine("owner"), keys.engine("wal")
         self._done, self._pending = keys.engine("done"), keys.engine("pending")
+        self._last_op = keys.engine("last-op")
+        self._ops = 0
         self._commit = redis.register_script(_COMMIT)
         self._mark = redis.register_script(_MARK_SENT)
         self._compact = redis.register_script(_COMPACT)
@@ -52,6 +63,12 @@ class EngineStore:
 
     async def renew(self) -> bool:
         return bool(await self._renew(keys=[self._owner], args=[self.token, self.lease_ms]))
+
+    async def settle(self) -> None:
+        """Renew the lease and WAIT for the replicas: the replication stream is ordered, so
+        everything read before (a recovery's load) is on them too. `Fenced` if not the owner."""
+        if not await run_script(self.redis, self._renew, [self._owner], [self.token, self.lease_ms], self.replicas):
+            raise Fenced("FENCED: not the engine owner")
 
     async def release(self) -> None:
         """Give the lease up at a graceful stop, so a standby need not wait for it to expire."""
@@ -72,15 +89,23 @@ class EngineStore:
         outbox = {(k.decode() if isinstance(k, bytes) else k): v for k, v in pending.items()}
         return (decode_done(done) if done else None), records, outbox
 
+    def _op(self) -> str:
+        self._ops += 1
+        return f"{self.token}#{self._ops}"
+
     async def commit(self, record: bytes | None, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> list[bool]:
-        """Log one cycle and record its alerts; per alert, whether it is new (to publish)."""
-        keys = [self._owner, self._wal, self._pending, *(self.keys.alert(a) for a in alert_ids)]
+        """Log one cycle and record its alerts; per alert, whether it is new (to publish).
+
+        Raises `NotReplicated` when replicas are required and too few acknowledged.
+        """
+        keys = [self._owner, self._wal, self._pending, self._last_op, *(self.keys.alert(a) for a in alert_ids)]
+        args = [self.token, self.lease_ms, record or b"", self.retention, self._op(), *bodies]
         try:
-            new = await self._commit(keys=keys, args=[self.token, self.lease_ms, record or b"", self.retention,
-                                                      *bodies])
+            flags = await run_script(self.redis, self._commit, keys, args, self.replicas)
         except ResponseError as exc:
             raise _fenced(exc) from None
-        return [bool(flag) for flag in new]
+        flags = flags.encode() if isinstance(flags, str) else flags
+        return [flag == ord("1") for flag in flags]
 
     async def mark_sent(self, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> None:
         """The broker confirmed these alerts: out of the outbox, into the recent list."""
@@ -92,7 +117,8 @@ class EngineStore:
     async def compact(self, done_image: bytes, trim: int) -> None:
         """Store the done markers and drop the `trim` oldest log records, atomically."""
         try:
-            await self._compact(keys=[self._owner, self._done, self._wal], args=[self.token, done_image, trim])
+            await self._compact(keys=[self._owner, self._done, self._wal, self._last_op],
+                                args=[self.token, done_image, trim, self._op()])
         except ResponseError as exc:
             raise _fenced(exc) from None
 
@@ -111,21 +137,28 @@ if tonumber(ARGV[2]) == 0 then redis.call('DEL', KEYS[1]) else redis.call('PEXPI
 return 1
 """
 
-# KEYS: owner, wal, pending, alert keys... ARGV: token, lease ms, record ("" = none), retention, bodies...
+# KEYS: owner, wal, pending, last-op, alert keys... ARGV: token, lease ms, record ("" = none), retention,
+# op id, bodies... Returns one character per alert, "1" = new. The same op id again returns
+# the first answer and writes nothing (a retry after a lost reply).
 _COMMIT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local tag = ARGV[5] .. '='
+local last = redis.call('GET', KEYS[4])
+if last and string.sub(last, 1, #tag) == tag then return string.sub(last, #tag + 1) end
 if ARGV[3] ~= '' then redis.call('RPUSH', KEYS[2], ARGV[3]) end
 local out = {}
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   if redis.call('SET', KEYS[i], 'pending', 'NX', 'EX', ARGV[4]) then
     redis.call('HSET', KEYS[3], KEYS[i], ARGV[i + 1])
-    out[i - 3] = 1
+    out[#out + 1] = '1'
   else
-    out[i - 3] = 0
+    out[#out + 1] = '0'
   end
 end
-return out
+local flags = table.concat(out)
+redis.call('SET', KEYS[4], tag .. flags)
+return flags
 """
 
 # KEYS: pending, recent list, alert keys... ARGV: retention, recent length, bodies (the newest ones)...
@@ -139,10 +172,13 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
 return #KEYS - 2
 """
 
-# KEYS: owner, done, wal. ARGV: token, done image, records to trim.
+# KEYS: owner, done, wal, last-op. ARGV: token, done image, records to trim, op id (a retry trims nothing more).
 _COMPACT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
+local tag = ARGV[4] .. '='
+if redis.call('GET', KEYS[4]) == tag then return 1 end
 redis.call('SET', KEYS[2], ARGV[2])
 if tonumber(ARGV[3]) > 0 then redis.call('LTRIM', KEYS[3], ARGV[3], -1) end
+redis.call('SET', KEYS[4], tag)
 return 1
 """

@@ -16,12 +16,10 @@ from typing import Iterator
 import pika
 import pika.exceptions
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from aldebaran.channels.ledger import SETTLE, InDoubt, entry_field, ledger_key
 from aldebaran.errors import AldebaranError, ExitCode, UnavailableError
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, describe, sync_client
 from aldebaran.settings import Settings, mask_url
 from declare.topology import channel_queue
 
@@ -46,12 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 @contextmanager
 def _redis(settings: Settings) -> Iterator[redis.Redis]:
     """A short-lived client; Redis trouble becomes `UnavailableError` (exit 69) naming the masked URL."""
-    conn = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
-                                retry=Retry(NoBackoff(), 0))
+    conn = sync_client(settings.redis_url, timeout=5, tls_ca_file=settings.tls_ca_file)
     try:
         yield conn
     except (redis.RedisError, OSError) as exc:
-        raise UnavailableError(f"redis at {mask_url(settings.redis_url)}: {exc}") from None
+        raise UnavailableError(f"redis at {describe(settings)}: {mask_url(str(exc))}") from None
     finally:
         conn.close()
 

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass
 import pika
 import pika.exceptions
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from aldebaran.errors import AldebaranError
+from aldebaran.io.redis import describe, sync_client
 from aldebaran.ops.management import Management
 from aldebaran.settings import Settings, mask_url
 
@@ -57,16 +56,26 @@ def check_management(settings: Settings, timeout: float) -> Check:
 
 
 def check_redis(settings: Settings, timeout: float) -> Check:
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                  retry=Retry(NoBackoff(), 0))
+    """PING the master (found through the sentinels with a Sentinel URL) and count its replicas.
+
+    Fails when fewer replicas are attached than `redis_min_replicas_acked` asks for: the
+    workers' writes would then wait and fail, and the pipeline stands still.
+    """
+    target = describe(settings)
+    client = sync_client(settings.redis_url, timeout=timeout, tls_ca_file=settings.tls_ca_file)
     try:
         client.ping()
         version = client.info("server").get("redis_version", "?")
+        replicas = int(client.info("replication").get("connected_slaves", 0))
     except (redis.RedisError, OSError) as exc:
-        return Check("redis", mask_url(settings.redis_url), False, _reason(exc))
+        return Check("redis", target, False, _reason(exc))
     finally:
         client.close()
-    return Check("redis", mask_url(settings.redis_url), True, f"PING answered (Redis {version})")
+    required = settings.redis_replicas_required
+    detail = f"PING answered (Redis {version}), {replicas} replica(s) attached"
+    if replicas < required:
+        return Check("redis", target, False, f"{detail}, {required} required (redis_min_replicas_acked)")
+    return Check("redis", target, True, detail)
 
 
 def _reason(exc: BaseException) -> str:

@@ -15,12 +15,10 @@ from typing import Any, Sequence
 
 import httpx
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from prometheus_client.parser import text_string_to_metric_families
 
 from aldebaran.errors import AldebaranError
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, describe, sync_client
 from aldebaran.log import get_logger
 from aldebaran.ops.management import Management
 from aldebaran.settings import Settings, mask_url
@@ -163,8 +161,7 @@ def peek_dead_letters(mgmt: Management, queue: dict[str, Any] | None, count: int
 
 def recent_alerts(settings: Settings, count: int) -> list[dict[str, Any]]:
     """The newest alerts first, from the list the pipeline LPUSHes to and trims."""
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5,
-                                  retry=Retry(NoBackoff(), 0))
+    client = sync_client(settings.redis_url, timeout=5, tls_ca_file=settings.tls_ca_file)
     try:
         raw = client.lrange(Keys(settings.redis_key_prefix).recent_alerts(), 0, count - 1)
     finally:
@@ -204,7 +201,7 @@ def collect(settings: Settings, *, alerts: int = 10, peek: int = 5, metrics_urls
         latest: list[dict[str, Any]] | None = recent_alerts(settings, alerts) if alerts > 0 else []
     except (redis.RedisError, OSError) as exc:
         latest = None
-        problems.append(f"redis at {mask_url(settings.redis_url)}: {exc}")
+        problems.append(f"redis at {describe(settings)}: {mask_url(str(exc))}")
         log.warning("recent alerts unavailable", error=str(exc))
     try:
         channels = channel_rows(settings)

@@ -25,6 +25,7 @@ import pika
 import pika.exceptions
 import redis
 
+from aldebaran.io.redis import sync_client
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import TradeEvent
 from tests.support.checker import SinkReport, check
@@ -102,8 +103,10 @@ def channels_toml(path: Path, webhook_url: str) -> Path:
 
 
 def pull_queue_deliveries(redis_url: str, prefix: str, queue: str = "faults") -> list[str]:
-    """Every message the queue-api sink enqueued (one per enqueue, repeats included)."""
-    client = redis.Redis.from_url(redis_url)
+    """Every message the queue-api sink enqueued (one per enqueue, repeats included).
+
+    `redis_url` may be a Sentinel URL: the master is found as the workers find it."""
+    client = sync_client(redis_url, timeout=10)
     try:
         bodies = client.hvals(f"{prefix}:pullq:{queue}:bodies")
     finally:
