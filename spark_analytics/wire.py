@@ -127,11 +127,18 @@ def alert_publishes(traces: DataFrame) -> DataFrame:
 
 
 def channel_deliveries(traces: DataFrame) -> DataFrame:
-    """Deliveries from Aldebaran.Channel.<name> (not their dead-letter queues)."""
-    body = F.decode(F.unbase64("body_b64"), "UTF-8")
-    return (traces.where((F.col("kind") == "deliver") & F.col("queue").startswith(CHANNEL_PREFIX)
+    """Deliveries from Aldebaran.Channel.<name> (not their dead-letter queues), one row per alert:
+    the lookout hands a channel batches (a JSON array under a batch id) or single alerts."""
+    dels = (traces.where((F.col("kind") == "deliver") & F.col("queue").startswith(CHANNEL_PREFIX)
                          & ~F.col("queue").endswith(".Dead_Letter"))
-            .select("ts",
-                    F.expr(f"substring(queue, {len(CHANNEL_PREFIX) + 1})").alias("channel"),
-                    F.coalesce("message_id", F.get_json_object(body, "$.alert_id")).alias("alert_id"),
-                    F.coalesce("redelivered", F.lit(False)).alias("redelivered")))
+            .select("ts", F.expr(f"substring(queue, {len(CHANNEL_PREFIX) + 1})").alias("channel"),
+                    "message_id", F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
+                    F.decode(F.unbase64("body_b64"), "UTF-8").alias("body")))
+    is_batch = F.ltrim("body").startswith("[")
+    single = dels.where(~is_batch).select(
+        "ts", "channel", F.coalesce("message_id", F.get_json_object("body", "$.alert_id")).alias("alert_id"),
+        "redelivered")
+    batch = (dels.where(is_batch).select("ts", "channel", "redelivered",
+                                          F.explode(F.from_json("body", _ALERT_BATCH)).alias("a"))
+             .select("ts", "channel", "a.alert_id", "redelivered"))
+    return single.unionByName(batch)

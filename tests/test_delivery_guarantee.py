@@ -32,8 +32,8 @@ from aldebaran.ops.delivery import in_doubt, settle
 from aldebaran.ops.stats import channel_rows
 from aldebaran.settings import Settings
 from declare.declarer import declare
-from declare.topology import channel_dead_letter, channel_queue
-from tests.test_channels import FAST, eventually, make_alert, publish, queue_depth, running, with_channels
+from declare.topology import REASON_HEADER, channel_dead_letter, channel_queue
+from tests.test_channels import FAST, eventually, get_all, make_alert, publish, queue_depth, running, with_channels
 from workers.channel import ChannelWorker
 
 ALDEBARAN = str(Path(sys.executable).with_name("aldebaran"))
@@ -253,3 +253,30 @@ async def test_rounds_of_many_alerts_with_copies_and_refusals_reach_each_recipie
             client.close()
         assert sorted(json.loads(json.loads(b)["message"])["alert_id"] for b in bodies) == sorted(expected)
         assert in_doubt(s) == {"hook": [], "pull": []}
+
+
+async def test_a_batch_message_is_delivered_alert_by_alert_and_its_bad_parts_parked_alone(settings: Settings) -> None:
+    """The lookout hands a channel batches (CONTRACT §3 arrays): one alert refused for good and one
+    element that is no alert are parked each on its own; the others arrive; the message is settled."""
+    async with recipient(200, 400, 200) as peer:
+        s = hook(settings, peer.url)
+        declare(s, echo=lambda _: None)
+        batch = [make_alert("b1"), make_alert("b2"), {"no": "alert id"}, make_alert("b3")]
+        connection = pika.BlockingConnection(pika.URLParameters(s.amqp_url))
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            channel.basic_publish("", channel_queue("hook"), json.dumps(batch).encode(),
+                                  pika.BasicProperties(message_id="batch:test", delivery_mode=2))
+        finally:
+            connection.close()
+        async with running(ChannelWorker(s, "hook")):
+            await eventually(lambda: queue_depth(s.amqp_url, channel_dead_letter("hook")) == 2, "two parked parts")
+            await eventually(lambda: queue_depth(s.amqp_url, channel_queue("hook")) == 0, "the message settled")
+    parked = {props.message_id: (json.loads(body), props.headers[REASON_HEADER])
+              for props, body in get_all(s.amqp_url, channel_dead_letter("hook"))}
+    assert parked["over_purchase:b2"][0] == make_alert("b2") and "HTTP 400" in parked["over_purchase:b2"][1]
+    assert parked["batch:test"][0] == {"no": "alert id"} and "no alert_id" in parked["batch:test"][1]
+    assert sorted(r["idempotency-key"] for r in peer.requests) == [f"over_purchase:b{n}" for n in (1, 2, 3)]
+    assert ledger_statuses(s, ["over_purchase:b1", "over_purchase:b2", "over_purchase:b3"]) == [
+        "delivered", None, "delivered"]

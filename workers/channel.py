@@ -1,12 +1,14 @@
 """The Channel Boy: delivers one channel's queue to its recipients, with the channel's guarantee.
 
-Alerts arrive one per message on `Aldebaran.Channel.<name>` and are handled in rounds of up
-to `BATCH` messages, `max_in_flight` sends at a time, per recipient of the channel:
+The lookout hands the queue `Aldebaran.Channel.<name>` one message per batch of alerts (or
+one alert per message); the deliverer takes whole messages, about `BATCH` alerts a round,
+and handles each alert on its own (`workers/channel_items.py`), `max_in_flight` sends at a
+time, per recipient of the channel:
 1. **claim** them in the channel's ledger, one Redis call per round
    (`aldebaran/channels/ledger.py`): repeats are acked; alerts already in doubt stay with
    the operator; an **at-most-once** channel records each attempt here, before its send;
 2. **send** them (concurrently, or in one call for sinks that batch: the pull queue);
-3. **settle** the outcomes in one Redis call, then ack each message: `delivered`;
+3. **settle** the outcomes in one Redis call, then each message once all its alerts are: `delivered`;
    `NotDelivered` (the recipient certainly did not get it) is tried again with backoff in a
    task of its own, and parked in the channel's dead-letter queue after `max_attempts`
    (at once when the refusal is final); any other failure is *in doubt* at most once
@@ -23,16 +25,14 @@ import asyncio
 import os
 import socket
 import uuid
-from contextlib import AbstractAsyncContextManager, suppress
-from dataclasses import dataclass, field
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from typing import Sequence
 
 import aio_pika
 import aio_pika.abc
 import redis.asyncio as aioredis
 
-from aldebaran.channels.base import (MAX_REASON_CHARS, Alert, NotDelivered, PerAlertLock, RetryPolicy, Sink,
-                                     UnreadableAlert, park)
+from aldebaran.channels.base import MAX_REASON_CHARS, NotDelivered, PerAlertLock, RetryPolicy, Sink, park
 from aldebaran.channels.ledger import Claim, DeliveryLedger
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import ConfigError
@@ -43,24 +43,12 @@ from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DELIVERED, DELIVERY_DEAD_LETTERED, DELIVERY_IN_DOUBT, DELIVERY_RETRIES
 from aldebaran.settings import Settings, mask_url
 from declare.topology import channel_dead_letter, channel_queue, durable_arguments
+from workers.channel_items import Envelope, Item, Unreadable, read
 from workers.runtime import Lifecycle
 
 BATCH = 256
 REDIS_PAUSE_SECONDS = 1.0
 INTERRUPTED = "an earlier attempt was interrupted (its deliverer stopped or crashed mid-send)"
-
-
-@dataclass(slots=True, eq=False)
-class Item:
-    """One message being delivered: its alert, and where it stands across the channel's recipients."""
-
-    message: aio_pika.abc.AbstractIncomingMessage
-    alert: Alert
-    retry: list[str] = field(default_factory=list)  # recipients whose last attempt may be tried again
-    attempts: dict[str, int] = field(default_factory=dict)  # sends per recipient
-    errors: dict[str, str] = field(default_factory=dict)  # the last error per recipient
-    failed: str = ""  # the final reason, when it cannot be delivered
-    interrupted: bool = False  # we are stopping between two attempts: back to the queue
 
 
 class ChannelWorker:
@@ -84,7 +72,6 @@ class ChannelWorker:
         self._delivered: list[aio_pika.abc.AbstractIncomingMessage] = []
         self._arrived = asyncio.Event()
         self._retrying: set[asyncio.Task[None]] = set()
-        self._settled: set[int] = set()  # id() of this round's messages acked, parked or handed to a task
 
     async def run(self, life: Lifecycle) -> None:
         self._stopping = life.stopping
@@ -123,7 +110,8 @@ class ChannelWorker:
 
     async def _declare(self, connection: aio_pika.abc.AbstractConnection) -> aio_pika.abc.AbstractQueue:
         self._amqp_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        await self._amqp_channel.set_qos(prefetch_count=max(2 * BATCH, 2 * self.config.in_flight))
+        # Messages, not alerts: a batch message holds up to 1000 alerts, a lone alert one.
+        await self._amqp_channel.set_qos(prefetch_count=min(max(64, self.config.in_flight), 1024))
         queue = await self._amqp_channel.declare_queue(channel_queue(self.config.name), durable=True,
                                                        arguments=durable_arguments(self._settings) or None)
         await self._amqp_channel.declare_queue(channel_dead_letter(self.config.name), durable=True,
@@ -139,29 +127,31 @@ class ChannelWorker:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            batch = self._delivered[:BATCH]
-            del self._delivered[:BATCH]
-            self._settled.clear()
+            envelopes: list[Envelope] = []
+            items: list[Item] = []
+            unreadable: list[Unreadable] = []
+            while self._delivered and len(items) < BATCH:  # whole messages, about BATCH alerts
+                envelope, alerts, bad = read(self._delivered.pop(0))
+                envelopes.append(envelope)
+                items += alerts
+                unreadable += bad
             try:
-                await self._round(batch)
+                await self._round(envelopes, items, unreadable)
             except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: what is unsettled comes back
-                self._log.warning("delivery round failed, requeueing", count=len(batch), error=str(exc))
+                self._log.warning("delivery round failed, requeueing", count=len(envelopes), error=str(exc))
                 await asyncio.sleep(REDIS_PAUSE_SECONDS)
-                for message in batch:
-                    if id(message) not in self._settled:
+                for envelope in envelopes:
+                    if not (envelope.settled or envelope.handed):
                         with suppress(Exception):
-                            await message.nack(requeue=True)
+                            await envelope.message.nack(requeue=True)
 
-    async def _round(self, batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
-        """First attempts for a batch: claim, send, settle per recipient; then ack, park or retry each."""
+    async def _round(self, envelopes: list[Envelope], items: list[Item], unreadable: list[Unreadable]) -> None:
+        """First attempts for a round: claim, send, settle per recipient; then settle, park or retry each."""
+        for bad in unreadable:
+            await self._park(bad.body, bad.reason, bad.message_id, attempts=0)
         firsts: dict[str, Item] = {}
-        later: list[Item] = []  # a second copy in the batch, or an alert a retry task holds
-        for message in batch:
-            try:
-                item = Item(message, Alert.parse(message.body, message.message_id))
-            except UnreadableAlert as exc:
-                await self._park(message, f"unreadable alert: {exc}", message.message_id, attempts=0)
-                continue
+        later: list[Item] = []  # a second copy in the round, or an alert a retry task holds
+        for item in items:
             if item.alert.alert_id in firsts or self._per_alert.busy(item.alert.alert_id):
                 later.append(item)
             else:
@@ -174,9 +164,12 @@ class ChannelWorker:
             if item.retry and not item.failed:
                 self._spawn_retry(item)
             else:
-                await self._finish(item)
+                await self._done(item)
         for item in later:
             self._spawn_retry(item)
+        for envelope in envelopes:
+            if not envelope.pending and not envelope.settled:  # nothing readable in it
+                await self._settle(envelope)
 
     async def _attempt(self, chunk: Sequence[Item], target: str) -> None:
         """One attempt for each item's alert to `target`, under a slot each: claimed, sent, settled."""
@@ -242,7 +235,7 @@ class ChannelWorker:
     def _spawn_retry(self, item: Item) -> None:
         """The item's remaining attempts in a task of its own, holding its alert's lock."""
         hold = self._per_alert.reserve(item.alert.alert_id)
-        self._settled.add(id(item.message))  # the task settles it, whatever happens to this round
+        item.envelope.handed = True  # its retry tasks settle it, whatever happens to this round
         task = asyncio.create_task(self._retry(item, hold))
         self._retrying.add(task)
         task.add_done_callback(self._retrying.discard)
@@ -255,12 +248,11 @@ class ChannelWorker:
                 for target in targets:
                     if not await self._retry_target(item, target):
                         break
-                await self._finish(item)
         except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: the message comes back
             self._log.warning("delivery step failed, requeueing", alert_id=item.alert.alert_id, error=str(exc))
             await asyncio.sleep(REDIS_PAUSE_SECONDS)
-            with suppress(Exception):
-                await item.message.nack(requeue=True)
+            item.interrupted = True
+        await self._done(item)
 
     async def _retry_target(self, item: Item, target: str) -> bool:
         """Attempts with backoff until one settles the alert for `target`; False once it failed or we stop."""
@@ -284,24 +276,27 @@ class ChannelWorker:
                 return True
             item.retry.remove(target)
 
-    async def _finish(self, item: Item) -> None:
-        """Settle the message: parked when it cannot be delivered, requeued when we stop, else acked."""
+    async def _done(self, item: Item) -> None:
+        """One alert is settled (parked when it cannot be delivered); its message once all of its are."""
         if item.failed:
-            await self._park(item.message, item.failed, item.alert.alert_id, max(item.attempts.values(), default=0))
-        elif item.interrupted:
-            await item.message.nack(requeue=True)
-            self._settled.add(id(item.message))
-        else:
-            await item.message.ack()
-            self._settled.add(id(item.message))
+            await self._park(item.alert.body, item.failed, item.alert.alert_id, max(item.attempts.values(), default=0))
+        envelope = item.envelope
+        envelope.requeue |= item.interrupted
+        envelope.pending -= 1
+        if not envelope.pending:
+            await self._settle(envelope)
 
-    async def _park(self, message: aio_pika.abc.AbstractIncomingMessage, reason: str, alert_id: str | None,
-                    attempts: int) -> None:
+    async def _settle(self, envelope: Envelope) -> None:
+        with suppress(Exception) if envelope.requeue else nullcontext():  # a closed channel requeues anyway
+            if envelope.requeue:
+                await envelope.message.nack(requeue=True)
+            else:
+                await envelope.message.ack()
+        envelope.settled = True
+
+    async def _park(self, body: bytes, reason: str, alert_id: str | None, attempts: int) -> None:
         assert self._amqp_channel is not None
-        await park(self._amqp_channel, self.config.name, message.body, reason, message_id=alert_id,
-                   attempts=attempts)
-        await message.ack()
-        self._settled.add(id(message))
+        await park(self._amqp_channel, self.config.name, body, reason, message_id=alert_id, attempts=attempts)
         DELIVERY_DEAD_LETTERED.labels(channel=self.config.name).inc()
         self._log.error("parked in the dead-letter queue", alert_id=alert_id, reason=reason,
                         queue=channel_dead_letter(self.config.name))

@@ -1,18 +1,14 @@
-"""The Fire Lookout: fans every alert out to each configured channel's queue.
+"""The Fire Lookout: fans every alert out to each configured channel's queue, in batches.
 
-An alert is acked only after every channel queue's publisher confirm, so a crash in
-between re-fans it (the channels' ledgers absorb the repeats). After the confirms the
-lookout records the alert_id in Redis and acks; a later copy of the same alert (a
-redelivery, a second publish) is then acked without fanning out again.
-
-Alerts are handled in batches, one batch at a time: whatever has been delivered (up to
-`BATCH`) is checked against Redis in one pipeline, every new alert is published to every
-channel queue at once (a window of unconfirmed publishes, one confirm each), the fan-out
-records are written in one pipeline, and one `multiple` ack settles the batch. Why: one
-alert per delivery (a Redis round trip before and after, an ack each) made the lookout
-the bottleneck of the alert path. Batches never overlap, so when a batch ends every
-earlier delivery of the channel is settled and its multiple-ack covers exactly itself;
-copies of one alert inside a batch fan out once (what the per-alert lock did before).
+Whatever has been delivered on `Aldebaran.Alert` (up to `BATCH` messages, each one alert or
+a batch of them: CONTRACT §3) is handled at once: one Redis call finds the alerts already
+fanned out, each channel queue gets the new ones as one batch message (a JSON array under
+a `batch:` id, a lone alert as itself; at most 1000 alerts a message) published on a
+confirm channel, one Redis call records them, and one `multiple` ack settles the batch.
+An alert is acked only after every channel queue's confirm, so a crash in between re-fans
+it (the channels' ledgers absorb the repeats); a later copy of a recorded alert is acked
+without fanning out again. Batches never overlap, so the multiple-ack covers exactly one
+batch; copies of one alert inside a batch fan out once.
 """
 
 from __future__ import annotations
@@ -22,14 +18,11 @@ from contextlib import suppress
 
 import aio_pika
 import aio_pika.abc
-import aio_pika.exceptions
-import aiormq
-import aiormq.abc
 import msgspec
 import redis.asyncio as aioredis
 
 from aldebaran.channels.base import Alert, UnreadableAlert
-from aldebaran.io.alert_bus import split_alerts
+from aldebaran.io.alert_bus import publish_alerts, split_alerts
 from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.amqp import connect as connect_amqp
 from aldebaran.io.redis import Keys, Replicas, run_script
@@ -148,7 +141,9 @@ class Lookout:
             if repeats:
                 log.info("already fanned out, dropping the repeats", count=repeats)
             if new:
-                await asyncio.gather(*(self._publish(out, alert, queue) for alert, _ in new for queue in self._queues))
+                ids, bodies = [alert.alert_id for alert, _ in new], [alert.body for alert, _ in new]
+                await asyncio.gather(*(publish_alerts(out, ids, bodies, exchange="", routing_key=queue)
+                                       for queue in self._queues))
                 # With redis_min_replicas_acked, on a replica before the ack (a failover keeps it).
                 await run_script(self._redis, self._record, [key for _, key in new],
                                  [self._settings.alert_dedup_ttl_seconds], self._replicas)
@@ -161,15 +156,6 @@ class Lookout:
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
             with suppress(Exception):  # channel gone: the broker requeues them anyway
                 await batch[-1].nack(multiple=True, requeue=True)
-
-    async def _publish(self, out: aiormq.abc.AbstractChannel, alert: Alert, queue: str) -> None:
-        """The alert's own bytes to one channel queue: persistent, mandatory, confirmed."""
-        confirm = await out.basic_publish(
-            alert.body, routing_key=queue, mandatory=True,
-            properties=aiormq.spec.Basic.Properties(delivery_mode=2, message_id=alert.alert_id,
-                                                    content_type="application/json"))
-        if not isinstance(confirm, aiormq.spec.Basic.Ack):
-            raise aio_pika.exceptions.DeliveryError(None, confirm)  # type: ignore[arg-type]
 
 
 def _read(body: bytes, message_id: str | None, alerts: dict[str, Alert],

@@ -1,4 +1,4 @@
-"""Publishing alerts on `Aldebaran.Alert`: one message per batch, confirmed (CONTRACT §3).
+"""Publishing alerts in batches: one message per batch, confirmed (CONTRACT §3).
 
 A batch of alerts travels as one message whose body is a JSON array of alert objects
 and whose `message_id` is a batch id; a lone alert travels as the object itself with
@@ -31,8 +31,11 @@ def batch_body(bodies: Sequence[bytes]) -> bytes:
 
 
 async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequence[str],
-                         bodies: Sequence[bytes]) -> None:
-    """Publish the alerts (persistent, mandatory) in as few messages as allowed; wait for every confirm."""
+                         bodies: Sequence[bytes], *, exchange: str = ALERT, routing_key: str = ALERT) -> None:
+    """Publish the alerts (persistent, mandatory) in as few messages as allowed; wait for every confirm.
+
+    `Aldebaran.Alert` by default; the lookout hands each channel's queue its batch the same way
+    (the default exchange, the queue's name as routing key)."""
     sends = []
     for start in range(0, len(bodies), MAX_ALERTS_PER_MESSAGE):
         chunk = bodies[start:start + MAX_ALERTS_PER_MESSAGE]
@@ -42,7 +45,7 @@ async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequenc
             body, message_id = batch_body(chunk), f"batch:{uuid.uuid4().hex}"
         properties = spec.Basic.Properties(delivery_mode=2, message_id=message_id,
                                            content_type=BATCH_CONTENT_TYPE)
-        sends.append(channel.basic_publish(body, exchange=ALERT, routing_key=ALERT, mandatory=True,
+        sends.append(channel.basic_publish(body, exchange=exchange, routing_key=routing_key, mandatory=True,
                                            properties=properties))
     for confirm in await asyncio.gather(*sends):
         if confirm is not None and not isinstance(confirm, spec.Basic.Ack):

@@ -122,7 +122,7 @@ def traced_alerts(records: Iterable[dict[str, Any]]) -> Counter[str]:
 
 
 def _alert_ids(record: dict[str, Any]) -> list[str]:
-    """The alert ids one traced publish carried: a single alert (its message_id) or a batch."""
+    """The alert ids one traced message carried: a single alert (its message_id) or a batch."""
     try:
         value = json.loads(base64.b64decode(record.get("body_b64") or b""))
     except ValueError:
@@ -133,8 +133,9 @@ def _alert_ids(record: dict[str, Any]) -> list[str]:
 
 
 def traced_deliveries(records: Iterable[dict[str, Any]], channel: str) -> set[str]:
-    return {r.get("message_id") for r in records if r.get("kind") == "deliver"
-            and r.get("queue") == CHANNEL_PREFIX + channel}
+    """The alert ids delivered from a channel's queue (the lookout hands it batches too)."""
+    return {alert_id for r in records if r.get("kind") == "deliver" and r.get("queue") == CHANNEL_PREFIX + channel
+            for alert_id in _alert_ids(r)}
 
 
 def gaps(records: Iterable[dict[str, Any]]) -> list[tuple[int, int, str]]:

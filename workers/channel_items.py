@@ -1,0 +1,70 @@
+"""What the channel deliverer carries: messages of its queue (envelopes) and the alerts in them (items).
+
+The lookout hands a channel one message per batch of alerts (a JSON array under a `batch:`
+id, a lone alert as itself: CONTRACT §3). Each alert is delivered, parked or left in doubt on
+its own; the message is settled once every alert in it is: acked, or requeued when the
+deliverer stopped between two attempts of one of them (the alerts already delivered come back
+as repeats, which the ledger recognises).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import aio_pika.abc
+import msgspec
+
+from aldebaran.channels.base import Alert, UnreadableAlert
+from aldebaran.io.alert_bus import split_alerts
+
+
+@dataclass(slots=True, eq=False)
+class Envelope:
+    """One message of the channel queue and how many of its alerts are not settled yet."""
+
+    message: aio_pika.abc.AbstractIncomingMessage
+    pending: int = 0
+    requeue: bool = False  # an alert of it must come back: we stopped between two of its attempts
+    handed: bool = False  # a retry task settles it
+    settled: bool = False  # acked or requeued
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One alert being delivered, and where it stands across the channel's recipients."""
+
+    envelope: Envelope
+    alert: Alert
+    retry: list[str] = field(default_factory=list)  # recipients whose last attempt may be tried again
+    attempts: dict[str, int] = field(default_factory=dict)  # sends per recipient
+    errors: dict[str, str] = field(default_factory=dict)  # the last error per recipient
+    failed: str = ""  # the final reason, when it cannot be delivered
+    interrupted: bool = False  # we are stopping between two attempts
+
+
+@dataclass(slots=True)
+class Unreadable:
+    """A message, or one element of a batch, that is not an alert: parked with the reason."""
+
+    envelope: Envelope
+    body: bytes
+    message_id: str | None
+    reason: str
+
+
+def read(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[Envelope, list[Item], list[Unreadable]]:
+    """The alerts of one message; what cannot be read is set apart, the rest go on."""
+    envelope = Envelope(message)
+    try:
+        parts = split_alerts(message.body)
+    except (msgspec.DecodeError, ValueError) as exc:
+        return envelope, [], [Unreadable(envelope, message.body, message.message_id, f"unreadable alert: not JSON: {exc}")]
+    items: list[Item] = []
+    unreadable: list[Unreadable] = []
+    for raw in parts:
+        try:
+            items.append(Item(envelope, Alert.parse(raw, message.message_id if len(parts) == 1 else None)))
+        except UnreadableAlert as exc:
+            unreadable.append(Unreadable(envelope, raw, message.message_id, f"unreadable alert: {exc}"))
+    envelope.pending = len(items)
+    return envelope, items, unreadable
