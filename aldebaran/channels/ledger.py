@@ -95,6 +95,9 @@ class DeliveryLedger:
         self._redis, self._keys, self._channel, self._ttl, self._token = redis, keys, channel, ttl_seconds, token
         # Every claim and settle is on this many replicas before anything is sent or acked.
         self._replicas = replicas
+        # Keys whose attempt record is ours but certainly not followed by a send: the claim's reply
+        # or the release was lost (Redis cut). Found again, they are claimed, not put in doubt.
+        self._unsent: set[str] = set()
         self._index = keys.in_doubt(channel)
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
@@ -107,12 +110,25 @@ class DeliveryLedger:
         every new one (so claim only as many as are about to be sent)."""
         if not items:
             return []
-        # With replicas required, a found record is written again so the WAIT covers it too (it may
-        # be one whose replication failed just before its message came back).
-        found = await run_script(self._redis, self._claim, [self.key(alert_id, target) for alert_id, target in items],
-                                 ["1" if record_attempt else "0", SENDING + self._token, self._ttl,
-                                  "1" if self._replicas.count else "0"], self._replicas)
-        return [Claim(value.decode() if isinstance(value, bytes) else value) for value in found]
+        keys = [self.key(alert_id, target) for alert_id, target in items]
+        try:
+            # With replicas required, a found record is written again so the WAIT covers it too (it
+            # may be one whose replication failed just before its message came back).
+            found = await run_script(self._redis, self._claim, keys,
+                                     ["1" if record_attempt else "0", SENDING + self._token, self._ttl,
+                                      "1" if self._replicas.count else "0"], self._replicas)
+        except Exception:
+            self._unsent.update(keys)  # whatever the script did, nothing was sent
+            raise
+        claims = []
+        for key, value in zip(keys, found):
+            state = value.decode() if isinstance(value, bytes) else value
+            if state == "mine":
+                state = "new" if key in self._unsent else "interrupted"
+            if state == "new":
+                self._unsent.discard(key)
+            claims.append(Claim(state))
+        return claims
 
     async def settle(self, delivered: Sequence[tuple[str, str]] = (), released: Sequence[tuple[str, str]] = (),
                      in_doubt: Sequence[tuple[str, str, str, bytes]] = ()) -> None:
@@ -120,6 +136,14 @@ class DeliveryLedger:
         attempt certainly failed: its record is dropped); `in_doubt` (alert_id, target, why, body)."""
         if not (delivered or released or in_doubt):
             return
+        try:
+            await self._settle(delivered, released, in_doubt)
+        except Exception:
+            self._unsent.update(self.key(alert_id, target) for alert_id, target in released)
+            raise
+
+    async def _settle(self, delivered: Sequence[tuple[str, str]], released: Sequence[tuple[str, str]],
+                      in_doubt: Sequence[tuple[str, str, str, bytes]]) -> None:
         async with self._redis.pipeline(transaction=False) as pipe:
             for alert_id, target in delivered:
                 pipe.set(self.key(alert_id, target), DELIVERED, ex=self._ttl)
@@ -133,14 +157,11 @@ class DeliveryLedger:
         if self._replicas.count:
             check_replicated(replies[-1], self._replicas)
 
-    async def is_delivered(self, alert_id: str, target: str = "") -> bool:
-        return status_of(await self._redis.get(self.key(alert_id, target))) == "delivered"
-
 
 # KEYS: ledger keys. ARGV: record the attempts ("1"/"0"), the sending mark, ttl, rewrite what
-# is found ("1"/"0"). Per key a `Claim` value: an attempt left by someone else is
-# `interrupted` when attempts are recorded (at most once), and simply `new` when they are not
-# (at least once sends again).
+# is found ("1"/"0"). Per key a `Claim` value, or `mine` for our own attempt record: an
+# attempt left by someone else is `interrupted` when attempts are recorded (at most once),
+# and simply `new` when they are not (at least once sends again).
 _CLAIM = """
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -150,7 +171,9 @@ for i, key in ipairs(KEYS) do
     out[i] = 'new'
   else
     if ARGV[4] == '1' then redis.call('SET', key, state, 'KEEPTTL') end
-    if string.sub(state, 1, 8) == 'sending:' then
+    if state == ARGV[2] then
+      out[i] = 'mine'
+    elseif string.sub(state, 1, 8) == 'sending:' then
       out[i] = 'interrupted'
     elseif state == 'in-doubt' then
       out[i] = 'in-doubt'

@@ -16,7 +16,7 @@ import pytest
 
 from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
 from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fleet, PrivateRedis, RetryingPublisher, describe,
-                                in_background, pull_queue_deliveries, wait_for_sinks)
+                                in_background, in_doubt_ids, pull_queue_deliveries, wait_for_sinks)
 from tests.support.checker import fault_stream
 from tests.support.private_rabbit import PrivateRabbit
 from tests.support.tcp_proxy import TcpProxy
@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 CMD = "FAULTS_SCALE=full .venv/bin/python -m pytest -m faults -q -s 'tests/faults/test_restarts.py::{}'"
 
 
-def _run(fleet: Fleet, stream, publisher_url: str, sinks: dict, at: dict) -> dict:
+def _run(fleet: Fleet, stream, publisher_url: str, sinks: dict, at: dict, redis: str, prefix: str) -> dict:
+    """Publish the stream with the faults `at` its marks; the sinks' reports once all is in. The
+    webhook is at most once: an attempt a fault interrupted is in doubt (`redis`: where to look)."""
     publisher = RetryingPublisher(publisher_url)
     threads: list[threading.Thread] = []
     marks = {p: (lambda action=action: threads.append(action())) for p, action in at.items()}
@@ -33,11 +35,14 @@ def _run(fleet: Fleet, stream, publisher_url: str, sinks: dict, at: dict) -> dic
         publisher.publish_stream(stream.events, at=marks)
         for thread in threads:
             thread.join(timeout=300)
-        reports = wait_for_sinks(stream.expected, sinks, timeout=180 + len(stream.events) / 50)
+        reports = wait_for_sinks(stream.expected, sinks, timeout=180 + len(stream.events) / 50,
+                                 in_doubt={"webhook": lambda: in_doubt_ids(redis, prefix)})
         alive = fleet.alive()
     finally:
         publisher.close()
     assert all(code is None for code in alive.values()), (alive, fleet.all_logs()[-5000:])
+    # One send in flight at most once: a fault can interrupt at most that one attempt.
+    assert len(reports["webhook"].in_doubt) <= len(at), reports["webhook"].in_doubt
     return reports
 
 
@@ -56,7 +61,7 @@ def test_rabbitmq_restart_mid_stream(fault_env, webhook, redis_prefix, tmp_path:
             reports = _run(fleet, stream, node.url, {
                 "webhook": webhook.deliveries,
                 "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)},
-                at={0.5: _background(node.restart)})
+                at={0.5: _background(node.restart)}, redis=redis_url(), prefix=redis_prefix)
         finally:
             codes = fleet.stop_all()
     finally:
@@ -78,7 +83,7 @@ def test_redis_restart_mid_stream(fault_env, webhook, redis_prefix, vhost, tmp_p
             reports = _run(fleet, stream, vhost.amqp_url, {
                 "webhook": webhook.deliveries,
                 "queue-api": lambda: pull_queue_deliveries(server.url, redis_prefix)},
-                at={0.5: _background(server.restart)})
+                at={0.5: _background(server.restart)}, redis=server.url, prefix=redis_prefix)
         finally:
             codes = fleet.stop_all()
     finally:
@@ -91,22 +96,29 @@ def test_redis_restart_mid_stream(fault_env, webhook, redis_prefix, vhost, tmp_p
     assert all(code == 0 for code in codes.values()), codes
 
 
-def _proxied(fault_env: dict, vhost, proxy: TcpProxy) -> dict:
+def _proxied(fault_env: dict, vhost, proxy: TcpProxy, redis_proxy: TcpProxy | None = None) -> dict:
     url = vhost.amqp_url.replace("127.0.0.1:5672", f"127.0.0.1:{proxy.port}")
     assert url != vhost.amqp_url
-    return {**fault_env, "ALDEBARAN_AMQP_URL": url}
+    env = {**fault_env, "ALDEBARAN_AMQP_URL": url}
+    if redis_proxy is not None:
+        env["ALDEBARAN_REDIS_URL"] = redis_url().replace("127.0.0.1:6379", f"127.0.0.1:{redis_proxy.port}")
+        assert env["ALDEBARAN_REDIS_URL"] != redis_url()
+    return env
+
+
+def _partition(proxy: TcpProxy) -> None:
+    proxy.block()
+    time.sleep(3)
+    proxy.unblock()
 
 
 def test_network_cut_and_partition(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, record) -> None:
-    proxy = TcpProxy(5672).start()
+    """Every worker reaches RabbitMQ and Redis through proxies the test controls: a slow broker link,
+    then the broker connections cut and partitioned, then the Redis connections cut and partitioned."""
+    proxy, redis_proxy = TcpProxy(5672).start(), TcpProxy(6379).start()
     try:
         stream = fault_stream(ORDERS, seed=23)
-        fleet = Fleet(_proxied(fault_env, vhost, proxy), tmp_path / "logs").start_all()
-
-        def partition() -> None:
-            proxy.block()
-            time.sleep(3)
-            proxy.unblock()
+        fleet = Fleet(_proxied(fault_env, vhost, proxy, redis_proxy), tmp_path / "logs").start_all()
 
         def slow() -> None:
             proxy.latency = 0.1
@@ -118,17 +130,21 @@ def test_network_cut_and_partition(fault_env, webhook, redis_prefix, vhost, tmp_
             reports = _run(fleet, stream, vhost.amqp_url, {
                 "webhook": webhook.deliveries,
                 "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)},
-                at={0.1: _background(slow), 0.25: _background(fast), 0.4: _background(proxy.cut),
-                    0.7: _background(partition)})
+                at={0.1: _background(slow), 0.2: _background(fast), 0.3: _background(proxy.cut),
+                    0.45: _background(lambda: _partition(proxy)), 0.6: _background(redis_proxy.cut),
+                    0.75: _background(lambda: _partition(redis_proxy))}, redis=redis_url(), prefix=redis_prefix)
         finally:
             codes = fleet.stop_all()
     finally:
         proxy.close()
-    print(f"\nnetwork cut + partition: {proxy.cuts} connections cut\n{describe(reports.values())}")
-    record("slow link (+100 ms, 10%-25%), then network cut (every worker connection reset) at 40%, "
-           "then 3 s partition at 70%", 3, len(stream.events), reports,
-           CMD.format("test_network_cut_and_partition"), connections_cut=proxy.cuts)
+        redis_proxy.close()
+    print(f"\nnetwork cuts + partitions: {proxy.cuts} broker and {redis_proxy.cuts} Redis connections cut\n"
+          f"{describe(reports.values())}")
+    record("slow broker link (+100 ms, 10%-20%), broker connections cut at 30% and partitioned 3 s at 45%, "
+           "Redis connections cut at 60% and partitioned 3 s at 75%", 4, len(stream.events), reports,
+           CMD.format("test_network_cut_and_partition"), connections_cut=proxy.cuts + redis_proxy.cuts)
     assert proxy.cuts >= 5  # every worker's connection went through the proxy and was cut
+    assert redis_proxy.cuts >= 4  # engine, lookout and both deliverers hold Redis connections
     assert all(r.ok for r in reports.values()), describe(reports.values())
     assert all(code == 0 for code in codes.values()), codes
 
@@ -150,7 +166,7 @@ def test_slow_link(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, reco
             reports = _run(fleet, stream, vhost.amqp_url, {
                 "webhook": webhook.deliveries,
                 "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)},
-                at={0.2: _background(slow), 0.8: _background(fast)})
+                at={0.2: _background(slow), 0.8: _background(fast)}, redis=redis_url(), prefix=redis_prefix)
         finally:
             codes = fleet.stop_all()
     finally:
