@@ -411,9 +411,10 @@ def test_alert_parse_rejects_what_is_not_an_alert() -> None:
 
     assert Alert.parse(b'{"alert_id": "x:1"}').alert_id == "x:1"
     assert Alert.parse(b'{"kind": "k"}', message_id="x:2").alert_id == "x:2"
-    for bad in (b"[]", b"\xff", b"{}", b'{"alert_id": 5}'):
+    for bad in (b"[]", b"\xff", b"{}", b'{"alert_id": 5}', json.dumps({"alert_id": "é" * 128}).encode()):
         with pytest.raises(UnreadableAlert):
-            Alert.parse(bad)
+            Alert.parse(bad)  # the last: 256 bytes, longer than an AMQP message_id can carry
+    assert Alert.parse(json.dumps({"alert_id": "é" * 127}).encode()).alert_id == "é" * 127
 
 
 async def test_an_unreachable_downstream_broker_is_retried_then_parked_not_a_crash(settings: Settings) -> None:

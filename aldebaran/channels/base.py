@@ -22,6 +22,7 @@ from aldebaran.io.amqp import persistent
 from declare.topology import REASON_HEADER, channel_dead_letter
 
 MAX_REASON_CHARS = 1000
+MAX_ALERT_ID_BYTES = 255  # the pipeline's own alert ids are bounded so (CONTRACT §1 ids <= 200 bytes)
 
 
 class UnreadableAlert(ValueError):
@@ -57,6 +58,8 @@ class Alert:
         alert_id = fields.get("alert_id") or message_id
         if not isinstance(alert_id, str) or not alert_id:
             raise UnreadableAlert("no alert_id")
+        if len(alert_id.encode()) > MAX_ALERT_ID_BYTES:  # it travels as an AMQP message_id (a shortstr)
+            raise UnreadableAlert(f"alert_id over {MAX_ALERT_ID_BYTES} bytes")
         return cls(alert_id, fields, body)
 
     def summary(self) -> str:
