@@ -58,38 +58,64 @@ class BookConsumer:
         self.log = log.bind(order_id=item.key, app=item.app)
 
     async def run(self, stopping: asyncio.Event) -> bool:
-        """Live the book's life; True when it ended on its own (the work item is done)."""
+        """Live the book's life; True when it ended on its own (the work item is done).
+
+        Every wait is on pipeline time (the stream's watermark), never on this host's clock.
+        """
         settings = self.manager.settings
         ttl = self.rule.ttl_seconds(settings.book_ttl_seconds)
+        ttl_ms = int(ttl * 1000)
         self.done = bool(await self.manager.redis.exists(self.manager.done_key(self.rule, self.item.key)))
         queue = self.queue = await self.channel.declare_queue(self.item.queue, durable=True,
                                                               arguments=self.manager.book_args)
         tag: str | None = await queue.consume(self.on_event)
         finished = False
         try:
-            if not await self._first_event(stopping, ttl):
+            if not await self._first_event(stopping, 2 * ttl_ms):
                 finished, tag = await self._give_up(stopping, queue, tag)
                 return finished
+            closed_at = None
             if self.book is not None and not self.done:
                 # Close a moment after the deadline: events stamped before it may still be
                 # on their way from the aggregator; they count, later ones are late.
-                remaining = self.book.deadline + settings.per_order.book_close_delay_seconds - time.time()
-                if await _wait_any(stopping, None, timeout=max(0.0, remaining)):
+                closed_at = int((self.book.deadline + settings.per_order.book_close_delay_seconds) * 1000)
+                if await self._wait(stopping, closed_at):
                     return False
                 await self._drain(ttl)
                 if not await self.close(stopping):
                     return False
             # Tombstone: late events are counted and acked until the grace period ends.
-            if await _wait_any(stopping, None, timeout=ttl):
+            if await self._wait(stopping, (closed_at or await self._pipeline_now(stopping)) + ttl_ms):
                 return False
             finished = not self.held
             return finished
         finally:
             await self._leave(queue, tag, finished)
 
-    async def _first_event(self, stopping: asyncio.Event, ttl: float) -> bool:
-        """Wait for the first event; False when none came (a standby) or stopping."""
-        await _wait_any(stopping, self.first_event, timeout=ttl * 2)
+    async def _pipeline_now(self, stopping: asyncio.Event) -> int:
+        """The stream's watermark (ms), once there is one."""
+        watermark = self.manager.watermark
+        if watermark.value is None:
+            await self._wait(stopping, 0)
+        return watermark.value or 0
+
+    async def _wait(self, stopping: asyncio.Event, until_ms: int, other: asyncio.Event | None = None) -> bool:
+        """Wait until the watermark reaches `until_ms` or `other` fires; True when stopping."""
+        waiters: list[asyncio.Future[Any]] = [self.manager.watermark.reached(until_ms),
+                                              asyncio.ensure_future(stopping.wait())]
+        if other is not None:
+            waiters.append(asyncio.ensure_future(other.wait()))
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return stopping.is_set()
+
+    async def _first_event(self, stopping: asyncio.Event, patience_ms: int) -> bool:
+        """Wait for the first event; False when none came within `patience_ms` (a standby) or stopping."""
+        start = await self._pipeline_now(stopping)
+        await self._wait(stopping, start + patience_ms, self.first_event)
         return self.first_event.is_set() and not stopping.is_set()
 
     async def _give_up(self, stopping: asyncio.Event, queue: aio_pika.abc.AbstractQueue,
@@ -286,14 +312,3 @@ class BookConsumer:
 
 def _digest(body: bytes) -> bytes:
     return hashlib.blake2b(body, digest_size=8).digest()
-
-
-async def _wait_any(stopping: asyncio.Event, other: asyncio.Event | None, timeout: float) -> bool:
-    """Wait for `other` (if any) or the timeout; True when stopping was requested or `other` fired."""
-    waiters = [asyncio.ensure_future(stopping.wait())]
-    if other is not None:
-        waiters.append(asyncio.ensure_future(other.wait()))
-    done, pending = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    for waiter in pending:
-        waiter.cancel()
-    return bool(done)

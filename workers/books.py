@@ -7,6 +7,10 @@ book closed and left a `done` marker in Redis). If its host dies, the broker red
 both the work item and the held events, and another manager rebuilds the book: same
 events, same ingest timestamps, same verdict, and the outbox turns a repeat into nothing.
 
+Books live on pipeline time: they close when the stream's watermark (written by the
+aggregators, `aldebaran.io.pipeline_watermark`) passes their deadline, not on this
+host's clock, so an outage that stops the aggregators ages no book.
+
 The work queue's prefetch is the open-book limit: at `max_open_books` the manager simply
 receives no new work until books close (never evicting a book that could still alert).
 """
@@ -25,6 +29,7 @@ import redis.asyncio as aioredis
 from aldebaran.apps import load_rules
 from aldebaran.core.rule import Rule
 from aldebaran.io.alert_outbox import AlertOutbox
+from aldebaran.io.pipeline_watermark import WatermarkReader
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.redis import Keys
@@ -53,6 +58,7 @@ class BookManager:
         self.books: dict[tuple[str, str], BookConsumer] = {}
         self.redis: aioredis.Redis
         self.outbox: AlertOutbox
+        self.watermark: WatermarkReader  # the stream's pipeline time: books close on it
         self._channels: list[aio_pika.abc.AbstractChannel] = []
         self._default: aio_pika.abc.AbstractExchange
         self._stopping = asyncio.Event()  # the current session's end
@@ -66,6 +72,9 @@ class BookManager:
 
     async def run(self, life: Lifecycle) -> None:
         self.redis = await redis_io.connect(self.settings)
+        self.watermark = WatermarkReader(self.redis, self.keys.pipeline_clock(),
+                                         self.settings.per_order.watermark_stale_seconds)
+        reader = asyncio.ensure_future(self.watermark.run(life.stopping))
 
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
             await self._session(connection, ended, life)
@@ -73,6 +82,7 @@ class BookManager:
         try:
             await amqp.run_sessions(self.settings, self.name, life.stopping, session)
         finally:
+            reader.cancel()
             await self.redis.aclose()
 
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
