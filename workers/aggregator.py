@@ -35,7 +35,7 @@ from aldebaran.core.queue_cache import QueueCache
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
-from aldebaran.io.pipeline_watermark import RECORD_SECONDS, WatermarkWriter, restart_stamp
+from aldebaran.io.pipeline_watermark import RECORD_SECONDS, REDIS_ERRORS, WatermarkWriter, restart_stamp
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
 from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG, UNROUTABLE
@@ -114,7 +114,14 @@ class Aggregator:
     async def _resume(self, redis: aioredis.Redis) -> None:
         """Pipeline time flows again: from where it stood, or from the newest stamp any
         aggregator recorded (a restart after a crash; another aggregator that went on)."""
-        recorded = await restart_stamp(redis, self._clock_key)
+        try:
+            recorded = await restart_stamp(redis, self._clock_key)
+        except REDIS_ERRORS as exc:
+            if self.clock is None:
+                raise  # never guess where a restarted pipeline time begins
+            log.warning("cannot read the recorded pipeline time; going on from this aggregator's own",
+                        error=str(exc))
+            recorded = None
         monotonic = time.monotonic()
         if self.clock is None:
             start = recorded if recorded is not None else int(time.time() * 1000)
