@@ -6,8 +6,9 @@ partition) can never write over the one that took over: it fails its commit and
 restarts as a standby. A cycle's commit is one call: renew the lease, append the
 cycle's log record, and record each alert it fired (`SET alert:<id> NX`: an alert id
 fires once, ever) in the pending outbox. After the broker confirms the alert batch,
-`mark_sent` moves them out of the outbox; whatever is still pending after a crash is
-published again by the next owner before it consumes anything (docs/engine.md).
+`mark_sent` moves them out of the outbox. Whatever is still pending after a crash is
+settled by the next owner before it consumes anything: marked sent when a witness shows it
+on the bus (`settle`), published otherwise (docs/engine.md).
 """
 
 from __future__ import annotations
