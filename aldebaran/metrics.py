@@ -15,6 +15,7 @@ CONFLICTING_DUPLICATES = Counter("aldebaran_conflicting_duplicates_total",
                                  "Events whose id a book had already counted with other content (the first copy wins)")
 ALERTS_FIRED = Counter("aldebaran_alerts_fired_total", "Alerts published to the alert exchange", ["kind"])
 ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts suppressed as already sent")
+ALERTS_RECOVERED = Counter("aldebaran_alerts_recovered_total", "Per-order alerts found pending after a crash, by how they were settled (witnessed in the book queue: not published again; published: no witness)", ["outcome"])
 ALERTS_DELIVERED = Counter("aldebaran_alerts_delivered_total", "Alerts delivered to a channel's recipient", ["channel"])
 DELIVERY_RETRIES = Counter("aldebaran_delivery_retries_total", "Failed delivery attempts that will be retried", ["channel"])
 DELIVERY_IN_DOUBT = Counter("aldebaran_delivery_in_doubt_total",

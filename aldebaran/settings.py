@@ -188,7 +188,9 @@ class PerOrderSettings(_Strict):
     book_prefetch: Annotated[int, Field(ge=1, le=65535)] = 1000
     max_open_books: Annotated[int, Field(ge=1, le=1_000_000)] = 20_000
     declare_cache_size: Annotated[int, Field(ge=1)] = 100_000
-    book_close_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 1.0
+    book_close_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 1.0  # of pipeline time past a deadline
+    # An aggregator silent this long (dead) no longer holds the watermark back.
+    watermark_stale_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
 class _TomlSource(PydanticBaseSettingsSource):

@@ -21,7 +21,7 @@ import pika
 
 from aldebaran.channels.base import park
 from aldebaran.channels.ledger import DeliveryLedger
-from aldebaran.io.alert_outbox import AlertOutbox
+from aldebaran.io.alert_outbox import AlertOutbox, Emitted
 from aldebaran.core.rule import Alert, iso_utc
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import connect as connect_redis
@@ -61,7 +61,7 @@ async def emit_alerts(settings: Settings, alerts: list[Alert]) -> None:
         exchange = await channel.get_exchange(ALERT)
         outbox = AlertOutbox(redis, exchange, Keys(settings.redis_key_prefix), settings.alert_dedup_ttl_seconds)
         for alert in alerts:
-            assert await outbox.emit(alert)
+            assert await outbox.emit(alert, None) is Emitted.PUBLISHED
     finally:
         await connection.close()
         await redis.aclose()

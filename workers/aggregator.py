@@ -6,6 +6,11 @@ work queue (requests always; any order this aggregator has not seen recently, so
 an order first seen through a purchase still gets a book). Unreadable input goes to the
 dead-letter queue with its reason. The trade message is acked only after the broker
 confirmed everything it produced, so killing an aggregator loses nothing.
+
+Events are stamped with pipeline time (`aldebaran.core.pipeline_clock`): it stops while
+the aggregator has no broker session and restarts after a crash from the newest stamp
+recorded in Redis. Every 100 ms the aggregator records its watermark (everything stamped
+before it is confirmed in its book queue); books close on it (`aldebaran.io.pipeline_watermark`).
 """
 
 from __future__ import annotations
@@ -22,11 +27,16 @@ import aio_pika
 import aio_pika.abc
 import aio_pika.exceptions
 import msgspec
+import redis.asyncio as aioredis
 
 from aldebaran.apps import load_rules
+from aldebaran.core.pipeline_clock import PipelineClock, StampsInFlight
 from aldebaran.core.queue_cache import QueueCache
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
+from aldebaran.io import redis as redis_io
+from aldebaran.io.pipeline_watermark import RECORD_SECONDS, REDIS_ERRORS, WatermarkWriter, restart_stamp
+from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
 from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG, UNROUTABLE
 from aldebaran.settings import Settings
@@ -78,12 +88,56 @@ class Aggregator:
         self._declare_channels: list[aio_pika.abc.AbstractChannel] = []
         self._attempts: OrderedDict[str, int] = OrderedDict()  # failed tries per message (bounded)
         self._throttle = Throttle()
+        self.clock: PipelineClock | None = None  # None until the first session
+        self.in_flight = StampsInFlight()
+        self._clock_key = Keys(settings.redis_key_prefix).pipeline_clock()
 
     async def run(self, life: Lifecycle) -> None:
-        async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
-            await self._session(connection, ended, life)
+        redis = await redis_io.connect(self.settings)
+        writer = WatermarkWriter(redis, self._clock_key)
 
-        await amqp.run_sessions(self.settings, self.name, life.stopping, session)
+        async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
+            await self._resume(redis)
+            try:
+                await self._session(connection, ended, life)
+            finally:
+                assert self.clock is not None
+                self.clock.pause(time.monotonic())
+
+        recorder = asyncio.ensure_future(self._record(writer, life.stopping))
+        try:
+            await amqp.run_sessions(self.settings, self.name, life.stopping, session)
+        finally:
+            recorder.cancel()
+            await redis.aclose()
+
+    async def _resume(self, redis: aioredis.Redis) -> None:
+        """Pipeline time flows again: from where it stood, or from the newest stamp any
+        aggregator recorded (a restart after a crash; another aggregator that went on)."""
+        try:
+            recorded = await restart_stamp(redis, self._clock_key)
+        except REDIS_ERRORS as exc:
+            if self.clock is None:
+                raise  # never guess where a restarted pipeline time begins
+            log.warning("cannot read the recorded pipeline time; going on from this aggregator's own",
+                        error=str(exc))
+            recorded = None
+        monotonic = time.monotonic()
+        if self.clock is None:
+            start = recorded if recorded is not None else int(time.time() * 1000)
+            self.clock = PipelineClock(start, monotonic)
+        elif recorded is not None and recorded > self.clock.stamp(monotonic):
+            self.clock = PipelineClock(recorded, monotonic)
+        else:
+            self.clock.resume(monotonic)
+
+    async def _record(self, writer: WatermarkWriter, stopping: asyncio.Event) -> None:
+        """Every RECORD_SECONDS: this aggregator's watermark and newest stamp into Redis."""
+        while not stopping.is_set():
+            if self.clock is not None:
+                newest = self.clock.stamp(time.monotonic())
+                await writer.write(self.in_flight.watermark(newest), newest)
+            await asyncio.sleep(RECORD_SECONDS)
 
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
                        life: Lifecycle) -> None:
@@ -183,7 +237,9 @@ class Aggregator:
         first = await self.cache.ensure(queue, self._declare_book)
         # Stamped as it enters its book queue (after a possibly slow declare): a book's
         # lifetime is measured on these stamps, and its queue then holds them in order.
-        headers: dict[str, Any] = {INGEST_HEADER: int(time.time() * 1000), "x-aldebaran-app": rule.name}
+        assert self.clock is not None
+        stamp = self.clock.stamp(time.monotonic())
+        headers: dict[str, Any] = {INGEST_HEADER: stamp, "x-aldebaran-app": rule.name}
         if isinstance(published_ms, int):
             headers[PUBLISHED_HEADER] = published_ms
         assert self._default is not None
@@ -197,12 +253,15 @@ class Aggregator:
             item = msgspec.json.encode(WorkItem(app=rule.name, key=key, queue=queue))
             publishes.append(self._default.publish(
                 amqp.persistent(item, content_type="application/json"), routing_key=WORK_QUEUE))
+        self.in_flight.add(stamp)  # held back from the watermark until confirmed (or failed)
         try:
             await asyncio.gather(*publishes)
         except aio_pika.exceptions.PublishError:
             UNROUTABLE.labels(publisher="aggregator").inc()
             self.cache.forget(queue)  # the retry declares the queue again
             raise
+        finally:
+            self.in_flight.settle(stamp)
 
     async def _declare_book(self, queue: str) -> None:
         channel = self._declare_channels[zlib.crc32(queue.encode()) % len(self._declare_channels)]

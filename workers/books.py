@@ -7,6 +7,10 @@ book closed and left a `done` marker in Redis). If its host dies, the broker red
 both the work item and the held events, and another manager rebuilds the book: same
 events, same ingest timestamps, same verdict, and the outbox turns a repeat into nothing.
 
+Books live on pipeline time: they close when the stream's watermark (written by the
+aggregators, `aldebaran.io.pipeline_watermark`) passes their deadline, not on this
+host's clock, so an outage that stops the aggregators ages no book.
+
 The work queue's prefetch is the open-book limit: at `max_open_books` the manager simply
 receives no new work until books close (never evicting a book that could still alert).
 """
@@ -14,10 +18,7 @@ receives no new work until books close (never evicting a book that could still a
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import time
 from collections import OrderedDict
-from datetime import datetime, timezone
 from typing import Any, Sequence
 
 import aio_pika
@@ -26,204 +27,24 @@ import msgspec
 import redis.asyncio as aioredis
 
 from aldebaran.apps import load_rules
-from aldebaran.core.book import Book, Outcome
-from aldebaran.io.alert_outbox import AlertOutbox
 from aldebaran.core.rule import Rule
+from aldebaran.io.alert_outbox import AlertOutbox
+from aldebaran.io.pipeline_watermark import WatermarkReader
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
-from aldebaran.metrics import BOOK_EVENTS, BOOKS_OPEN, CONFLICTING_DUPLICATES, DEAD_LETTERED, PROCESSING_LATENCY
+from aldebaran.metrics import BOOKS_OPEN, DEAD_LETTERED
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
 from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, WORK_QUEUE, book_queue, book_queue_arguments
-from workers.aggregator import INGEST_HEADER, PUBLISHED_HEADER, WorkItem
+from workers.aggregator import WorkItem
+from workers.book_consumer import BookConsumer
 from workers.runtime import Lifecycle
 
 log = get_logger("books")
 BOOKS_PER_CHANNEL = 500
 _work_decoder = msgspec.json.Decoder(WorkItem)
-
-
-class BookConsumer:
-    """One open book: consumes its queue, holds events until final, closes at its deadline."""
-
-    def __init__(self, manager: "BookManager", rule: Rule[Any], item: WorkItem,
-                 channel: aio_pika.abc.AbstractChannel) -> None:
-        self.manager = manager
-        self.rule = rule
-        self.item = item
-        self.channel = channel
-        self.book: Book[Any] | None = None
-        self.done = False            # a `done` marker exists: every event is late
-        self.held: list[aio_pika.abc.AbstractIncomingMessage] = []
-        self.lock = asyncio.Lock()
-        self.first_event = asyncio.Event()
-        self.pending = 0  # deliveries received and not yet processed
-        self.digests: dict[str, bytes] = {}  # event id -> digest of the counted copy (conflicts)
-        self.conflicted: set[str] = set()  # event ids whose conflict was logged
-        self.log = log.bind(order_id=item.key, app=item.app)
-
-    async def run(self, stopping: asyncio.Event) -> bool:
-        """Live the book's life; True when it ended on its own (the work item is done)."""
-        settings = self.manager.settings
-        ttl = self.rule.ttl_seconds(settings.book_ttl_seconds)
-        self.done = bool(await self.manager.redis.exists(self.manager.done_key(self.rule, self.item.key)))
-        queue = await self.channel.declare_queue(self.item.queue, durable=True,
-                                                 arguments=self.manager.book_args)
-        tag = await queue.consume(self.on_event)
-        finished = False
-        try:
-            # Wait for the first event (a standby consumer may never get one).
-            if not await _wait_any(stopping, self.first_event, timeout=ttl * 2):
-                finished = not stopping.is_set()
-                return finished
-            if self.book is not None and not self.done:
-                # Close a moment after the deadline: events stamped before it may still be
-                # on their way from the aggregator; they count, later ones are late.
-                remaining = self.book.deadline + settings.per_order.book_close_delay_seconds - time.time()
-                if await _wait_any(stopping, None, timeout=max(0.0, remaining)):
-                    return False
-                await self._drain(ttl)
-                await self.close()
-            # Tombstone: late events are counted and acked until the grace period ends.
-            if await _wait_any(stopping, None, timeout=ttl):
-                return False
-            finished = True
-            return True
-        finally:
-            if not self.channel.is_closed:
-                try:
-                    await queue.cancel(tag)
-                    if not finished:
-                        # Unfinished (stopping, or a failure): hand the held events back
-                        # so that the next owner of this queue rebuilds the book.
-                        for message in self.held:
-                            await message.nack(requeue=True)
-                except Exception:  # noqa: BLE001 - the channel died meanwhile: the broker requeues
-                    pass
-            self.held.clear()
-
-    async def _drain(self, limit: float) -> None:
-        """Take in what already waits in the queue before closing.
-
-        A book that started late (a busy manager, a takeover) may find its deadline
-        passed while events stamped before it still sit in its queue: they count, so
-        the book reads until the queue is empty. A delivery reaches `on_event` through
-        two task hops in aio-pika, so "empty and nothing pending" must hold twice, a
-        moment apart, before the book trusts it.
-        """
-        give_up = time.monotonic() + max(5.0, limit)
-        quiet = 0
-        while time.monotonic() < give_up:
-            declared = await self.channel.declare_queue(self.item.queue, passive=True)
-            if not declared.declaration_result.message_count and not self.pending:
-                quiet += 1
-                if quiet >= 2:
-                    return
-            else:
-                quiet = 0
-            await asyncio.sleep(0.05)
-        self.log.warning("closing with events still queued (held events at book_prefetch?)")
-
-    async def on_event(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        self.pending += 1
-        try:
-            async with self.lock:
-                await self._on_event(message)
-        except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: rebuild from the broker
-            self.manager.fail(exc)
-            return
-        finally:
-            self.pending -= 1
-        self.first_event.set()
-
-    async def _on_event(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        headers = message.headers or {}
-        ingest_ms = headers.get(INGEST_HEADER)
-        try:
-            event = self.rule.codec.unpack(message.body)
-            at = float(ingest_ms) / 1000.0
-        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
-            await self.manager.dead_letter(message, f"unreadable book message: {exc}")
-            return
-        context = self.rule.codec.describe(event)
-        if self.done:
-            after_alert = self.book is not None and not self.book.closed
-            BOOK_EVENTS.labels(outcome="after_alert" if after_alert else "late").inc()
-            if not after_alert:
-                self.log.info("late event: book already closed", **context)
-            await message.ack()
-            return
-        if self.book is None:
-            self.book = Book(self.rule, self.item.key, opened_at=at,
-                             ttl=self.rule.ttl_seconds(self.manager.settings.book_ttl_seconds))
-        offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
-        BOOK_EVENTS.labels(outcome=offer.outcome.value).inc()
-        published_ms = headers.get(PUBLISHED_HEADER)
-        if isinstance(published_ms, int):
-            PROCESSING_LATENCY.labels(stage="book").observe(max(0.0, time.time() - published_ms / 1000))
-        if offer.outcome is Outcome.LATE:
-            self.log.info("late event: after the book's deadline", **context)
-            await message.ack()
-            return
-        if offer.outcome is Outcome.DUPLICATE:
-            self._check_conflict(event, message.body, context)
-            await message.ack()
-            return
-        self.digests[self.rule.event_id(event)] = _digest(message.body)
-        self.held.append(message)
-        for alert in offer.alerts:
-            await self.manager.outbox.emit(alert)
-            if isinstance(published_ms, int):
-                PROCESSING_LATENCY.labels(stage="alert").observe(max(0.0, time.time() - published_ms / 1000))
-        if self.book.final:
-            await self._finish()
-
-    def _check_conflict(self, event: Any, body: bytes, context: dict[str, str]) -> None:
-        """A repeat with other content is not a redelivery: count it, say so once per event id."""
-        event_id = self.rule.event_id(event)
-        counted = self.digests.get(event_id)
-        if counted is None or counted == _digest(body):
-            return
-        CONFLICTING_DUPLICATES.inc()
-        if event_id not in self.conflicted:  # later conflicts of this id are only counted
-            self.conflicted.add(event_id)
-            self.log.warning("conflicting duplicate: same event id, other content; the first copy counts",
-                             **context)
-
-    async def close(self) -> None:
-        """The deadline passed: fire what closing fires, then release every held event."""
-        async with self.lock:
-            if self.book is None or self.done:
-                return
-            for alert in self.book.close(datetime.now(timezone.utc)):
-                await self.manager.outbox.emit(alert)
-            await self._finish()
-
-    async def _finish(self) -> None:
-        # The marker first: a host dying after it but before the acks rebuilds a closed book.
-        await self.manager.redis.set(self.manager.done_key(self.rule, self.item.key), b"1",
-                                     ex=self.manager.settings.alert_dedup_ttl_seconds)
-        self.done = True
-        for message in self.held:
-            await message.ack()
-        self.held.clear()
-
-
-def _digest(body: bytes) -> bytes:
-    return hashlib.blake2b(body, digest_size=8).digest()
-
-
-async def _wait_any(stopping: asyncio.Event, other: asyncio.Event | None, timeout: float) -> bool:
-    """Wait for `other` (if any) or the timeout; True when stopping was requested or `other` fired."""
-    waiters = [asyncio.ensure_future(stopping.wait())]
-    if other is not None:
-        waiters.append(asyncio.ensure_future(other.wait()))
-    done, pending = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    for waiter in pending:
-        waiter.cancel()
-    return bool(done)
 
 
 class BookManager:
@@ -237,6 +58,7 @@ class BookManager:
         self.books: dict[tuple[str, str], BookConsumer] = {}
         self.redis: aioredis.Redis
         self.outbox: AlertOutbox
+        self.watermark: WatermarkReader  # the stream's pipeline time: books close on it
         self._channels: list[aio_pika.abc.AbstractChannel] = []
         self._default: aio_pika.abc.AbstractExchange
         self._stopping = asyncio.Event()  # the current session's end
@@ -250,6 +72,9 @@ class BookManager:
 
     async def run(self, life: Lifecycle) -> None:
         self.redis = await redis_io.connect(self.settings)
+        self.watermark = WatermarkReader(self.redis, self.keys.pipeline_clock(),
+                                         self.settings.per_order.watermark_stale_seconds)
+        reader = asyncio.ensure_future(self.watermark.run(life.stopping))
 
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
             await self._session(connection, ended, life)
@@ -257,6 +82,7 @@ class BookManager:
         try:
             await amqp.run_sessions(self.settings, self.name, life.stopping, session)
         finally:
+            reader.cancel()
             await self.redis.aclose()
 
     async def _session(self, connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event,
@@ -284,6 +110,11 @@ class BookManager:
             await work.cancel(tag)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self.settings.shutdown_grace_seconds)
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """The current session's end."""
+        return self._stopping
 
     def fail(self, exc: BaseException) -> None:
         """A book could not do its I/O: end the session so every book rebuilds cleanly."""

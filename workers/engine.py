@@ -38,6 +38,7 @@ from aldebaran.core.wal import WalMessage
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.alert_bus import publish_alerts
+from aldebaran.io.alert_witness import WITNESS_QUEUE, declare_witness, read_witnesses
 from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.engine_store import EngineStore, Fenced
 from aldebaran.io.latency_samples import LatencySamples
@@ -103,7 +104,7 @@ class EngineWorker:
         """A fresh engine with the committed books replayed, and the alerts still pending."""
         started = time.perf_counter()
         done, records, pending = await self.store.load()
-        await self.store.settle()  # what was loaded is on the replicas before anything is re-published
+        await self.store.sync_replicas()  # what was loaded is on the replicas before anything is re-published
         engine = self.new_engine()
         now = datetime.now(timezone.utc)
         if done is not None:
@@ -154,6 +155,7 @@ class Session:
         self.failed: BaseException | None = None
         self.previous: asyncio.Future[None] | None = None  # the last cycle's confirm-and-ack
         self.tasks: set[asyncio.Task[None]] = set()
+        self.trimming: asyncio.Future[None] | None = None  # reading alert witnesses (one at a time)
 
     async def run(self) -> None:
         if not await self._own():
@@ -165,8 +167,10 @@ class Session:
         out = await self.connection.channel(publisher_confirms=True)
         await declare_async(out, self.worker.settings)
         self.out = await out.get_underlay_channel()
-        if outbox:
-            await self._republish(outbox)
+        # Its own channel: reading witnesses (one round trip each) never holds up a publish.
+        self.witness = await (await self.connection.channel()).get_underlay_channel()
+        await declare_witness(self.witness, self.worker.settings)
+        await self._republish(outbox)
         inbound = await self.connection.channel()
         await inbound.set_qos(prefetch_count=self.config.prefetch)
         self.inbound = await inbound.get_underlay_channel()
@@ -230,8 +234,10 @@ class Session:
                 self.worker.count(cycle)
             if monotonic - last_compaction >= self.config.compact_seconds:
                 image, trim = engine.compaction()
-                await self.store.compact(image, trim)
+                await self.store.compact(image, trim)  # fenced: only the owner goes on
                 engine.wal.trimmed(trim)
+                if self.trimming is None or self.trimming.done():
+                    self.trimming = asyncio.ensure_future(self._trim_witnesses())
                 last_compaction = monotonic
             if monotonic - last_report >= REPORT_SECONDS:
                 self.worker.report()
@@ -276,7 +282,7 @@ class Session:
         try:
             sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason in output.rejects]
             if output.alert_ids:
-                sends.append(publish_alerts(self.out, output.alert_ids, output.bodies))
+                sends.append(publish_alerts(self.out, output.alert_ids, output.bodies, witness=WITNESS_QUEUE))
             if sends:
                 await asyncio.gather(*sends)
             for _, reason in output.rejects:
@@ -318,17 +324,48 @@ class Session:
                 self.worker.samples.add(1, latency)
 
     async def _republish(self, outbox: list[tuple[str, bytes]]) -> None:
-        """Alerts recorded but never confirmed (a crash in between): publish them now, then mark them."""
+        """Alerts recorded but never marked sent (a crash in between): those a witness shows on
+        the bus are marked sent; the others never went out and are published now."""
+        witnesses = await read_witnesses(self.witness, limit=None)
+        if witnesses:
+            seen = {alert_id: raw for witness in witnesses for alert_id, raw in witness.alerts.items()}
+            settled = await self.store.settle(list(seen), list(seen.values()))
+            await self.witness.basic_ack(witnesses[-1].tag, multiple=True)
+            if settled:
+                log.warning("alerts left pending by a crash were on the bus (witnessed): not published again",
+                            count=settled)
+            outbox = [(alert_id, body) for alert_id, body in outbox if alert_id not in seen]
+        if not outbox:
+            return
         ids = [alert_id for alert_id, _ in outbox]
         bodies = [body for _, body in outbox]
-        await publish_alerts(self.out, ids, bodies)
+        await publish_alerts(self.out, ids, bodies, witness=WITNESS_QUEUE)
         await self.store.mark_sent(ids, bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
+
+    async def _trim_witnesses(self) -> None:
+        """Drop the witnesses whose alerts are all marked sent, up to the first with one still
+        in flight (confirmed, not yet marked): that one and the rest go back to the queue.
+        Runs beside the cycles, right after a compaction proved this engine still the owner."""
+        try:
+            witnesses = await read_witnesses(self.witness)
+            if not witnesses:
+                return
+            pending = await self.store.pending_among([a for witness in witnesses for a in witness.alerts])
+            keep = next((i for i, w in enumerate(witnesses) if pending & w.alerts.keys()), len(witnesses))
+            if keep:
+                await self.witness.basic_ack(witnesses[keep - 1].tag, multiple=True)
+            if keep < len(witnesses):
+                await self.witness.basic_nack(witnesses[-1].tag, multiple=True, requeue=True)
+        except Exception as exc:  # noqa: BLE001 - the next compaction tries again; unacked ones come back
+            log.warning("trimming alert witnesses failed", error=repr(exc))
 
     async def _finish(self) -> None:
         """Wait for the cycles in flight (confirms, acks); what was not processed comes back from the broker."""
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=self.worker.settings.shutdown_grace_seconds)
+        if self.trimming is not None:
+            self.trimming.cancel()  # unacked witnesses go back to the queue with the channel
         self.worker.report()
         if self.life.stopping.is_set() and self.failed is None:
             await self.store.release()

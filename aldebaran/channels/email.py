@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from email.message import EmailMessage
+from email.policy import SMTP
 
 import aiosmtplib
 
@@ -42,7 +43,9 @@ class EmailSink:
         return None
 
     def compose(self, alert: Alert) -> EmailMessage:
-        message = EmailMessage()
+        # SMTP's own 998-character line limit: a long quoted Message-ID folded at 78 would lose
+        # its quotes and parse back cut short.
+        message = EmailMessage(policy=SMTP.clone(max_line_length=998))
         message["From"] = self._config.sender
         message["To"] = ", ".join(self._config.recipients)
         message["Subject"] = f"[Aldebaran] {one_line(alert.summary())}"

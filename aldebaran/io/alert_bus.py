@@ -31,11 +31,17 @@ def batch_body(bodies: Sequence[bytes]) -> bytes:
 
 
 async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequence[str],
-                         bodies: Sequence[bytes], *, exchange: str = ALERT, routing_key: str = ALERT) -> None:
+                         bodies: Sequence[bytes], *, witness: str | None = None, exchange: str = ALERT,
+                         routing_key: str = ALERT) -> None:
     """Publish the alerts (persistent, mandatory) in as few messages as allowed; wait for every confirm.
 
     `Aldebaran.Alert` by default; the lookout hands each channel's queue its batch the same way
-    (the default exchange, the queue's name as routing key)."""
+    (the default exchange, the queue's name as routing key). `witness`: a queue bound to the
+    alert exchange under its own name that gets a copy of each message through a `BCC` header
+    (one publish routed to both: both hold it or neither), so an owner restarting after a
+    crash can tell what went out.
+    """
+    headers = {"BCC": [witness]} if witness else None
     sends = []
     for start in range(0, len(bodies), MAX_ALERTS_PER_MESSAGE):
         chunk = bodies[start:start + MAX_ALERTS_PER_MESSAGE]
@@ -44,7 +50,7 @@ async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequenc
         else:
             body, message_id = batch_body(chunk), f"batch:{uuid.uuid4().hex}"
         properties = spec.Basic.Properties(delivery_mode=2, message_id=message_id,
-                                           content_type=BATCH_CONTENT_TYPE)
+                                           content_type=BATCH_CONTENT_TYPE, headers=headers)
         sends.append(channel.basic_publish(body, exchange=exchange, routing_key=routing_key, mandatory=True,
                                            properties=properties))
     for confirm in await asyncio.gather(*sends):

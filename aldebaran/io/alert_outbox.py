@@ -1,149 +1,137 @@
-"""The alert outbox: each alert id is published once, and never lost between steps.
+"""The per-order alert outbox: each alert id goes onto `Aldebaran.Alert` once, and is never lost.
 
-1. Record the intent in Redis (`SET alert:<id> pending:<json> NX`). If the key exists
-   and says `sent`, the alert is a duplicate: suppress it.
-2. Publish to the alert exchange and wait for the broker's confirm.
+1. Record the intent in Redis (`SET alert:<id> pending:<json> NX`). A key that says
+   `sent` is a repeat: suppressed.
+2. Publish once to the alert exchange, with a `BCC` to the book's own queue (bound to the
+   exchange under its own name), and wait for the broker's confirm. One publish routed
+   to two queues is atomic: either `Aldebaran.Alert` and the book queue both hold it or
+   neither does. The copy in the book queue is the *witness* that the alert went out.
 3. Mark it `sent`.
 
-A crash after 1 leaves `pending`: whoever computes the alert again (a rebuilt book)
-re-publishes the recorded JSON under the same `alert_id`, so nothing is lost; the only
-possible repeat is a second publish of an identical alert, which the lookout and the
-channels absorb by `alert_id` (docs/alerts.md walks through every window).
+A crash between 1 and 3 leaves `pending`. The rebuilt book computes the alert again and
+finds it pending: *in doubt*. It reads its queue: a witness settles the alert as sent
+(nothing is published); a queue read to the end without one proves the publish never
+happened, and the recorded JSON is published now (with a witness again). Before this,
+an in-doubt alert was always published again, and `Aldebaran.Alert` carried it twice
+whenever the crash fell between the confirm and step 3 (docs/alerts.md).
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Sequence
+import enum
 
 import aio_pika
 import aio_pika.abc
-import aio_pika.exceptions
-import aiormq
 import redis.asyncio as aioredis
 
 from aldebaran.core.rule import Alert
 from aldebaran.io.amqp import persistent
 from aldebaran.io.redis import Keys
 from aldebaran.log import get_logger
-from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED
+from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, ALERTS_RECOVERED
 from declare.topology import ALERT
 
 log = get_logger("outbox")
 _PENDING = b"pending:"
 _SENT = b"sent"
 RECENT_ALERTS = 100
+BCC = "BCC"  # RabbitMQ's sender-selected distribution: extra routing keys, stripped on delivery
+
+
+class Emitted(enum.Enum):
+    PUBLISHED = "published"  # on Aldebaran.Alert now, for the first time
+    ALREADY_SENT = "already sent"  # a repeat: suppressed
+    IN_DOUBT = "in doubt"  # pending from a crashed attempt: the caller looks for its witness
+
+
+def is_witness(message: aio_pika.abc.AbstractIncomingMessage) -> bool:
+    """An alert's copy in its book queue (from the alert exchange), not an event."""
+    return message.exchange == ALERT
 
 
 class AlertOutbox:
     def __init__(self, redis: aioredis.Redis, exchange: aio_pika.abc.AbstractExchange,
                  keys: Keys, retention_seconds: int) -> None:
         self._redis = redis
-        self._exchange = exchange
+        self._exchange = exchange  # on a confirm channel that raises on returns
         self._keys = keys
         self._retention = retention_seconds
 
-    async def emit(self, alert: Alert) -> bool:
-        """Publish `alert` unless it was already sent; True when published by this call."""
+    async def emit(self, alert: Alert, queue: aio_pika.abc.AbstractQueue | None) -> Emitted:
+        """Publish `alert` unless it was sent or may have been; `queue` receives the witness.
+
+        Without a queue (no book to hold a witness) an in-doubt alert is published again.
+        """
         key = self._keys.alert(alert.alert_id)
         body = alert.to_json()
-        if not await self._redis.set(key, _PENDING + body, nx=True, ex=self._retention):
-            state = await self._redis.get(key)
-            if state is None:  # expired between the two calls: start over
-                return await self.emit(alert)
-            if state == _SENT:
-                ALERTS_DEDUPLICATED.inc()
-                log.info("alert already sent", alert_id=alert.alert_id, order_id=alert.key)
-                return False
-            body = state[len(_PENDING):]
-            log.warning("re-publishing a pending alert", alert_id=alert.alert_id, order_id=alert.key)
+        if await self._redis.set(key, _PENDING + body, nx=True, ex=self._retention):
+            await self._publish(alert, body, queue)
+            return Emitted.PUBLISHED
+        state = await self._redis.get(key)
+        if state is None:  # expired between the two calls: start over
+            return await self.emit(alert, queue)
+        if state == _SENT:
+            ALERTS_DEDUPLICATED.inc()
+            log.info("alert already sent", alert_id=alert.alert_id, order_id=alert.key)
+            return Emitted.ALREADY_SENT
+        if queue is None:
+            await self._publish(alert, state[len(_PENDING):], None)
+            return Emitted.PUBLISHED
+        log.warning("alert in doubt: pending after a crash; looking for its witness in the book queue",
+                    alert_id=alert.alert_id, order_id=alert.key)
+        return Emitted.IN_DOUBT
+
+    async def settle(self, alert_id: str) -> None:
+        """A witness was read: the alert is on `Aldebaran.Alert`; pending becomes sent."""
+        settled = await self._redis.eval(_SETTLE, 2, self._keys.alert(alert_id), self._keys.recent_alerts(),
+                                         self._retention, RECENT_ALERTS)
+        if settled:
+            ALERTS_RECOVERED.labels(outcome="witnessed").inc()
+            log.warning("alert in doubt settled: its witness shows it was published", alert_id=alert_id)
+
+    async def publish_unwitnessed(self, alert: Alert, queue: aio_pika.abc.AbstractQueue) -> bool:
+        """The book queue was read to its end without a witness: publish the recorded alert now.
+
+        True when published by this call (False: it was settled as sent meanwhile)."""
+        state = await self._redis.get(self._keys.alert(alert.alert_id))
+        if state is not None and not state.startswith(_PENDING):
+            return False
+        body = state[len(_PENDING):] if state is not None else alert.to_json()
+        ALERTS_RECOVERED.labels(outcome="published").inc()
+        log.warning("alert in doubt had no witness: publishing it once", alert_id=alert.alert_id)
+        await self._publish(alert, body, queue)
+        return True
+
+    async def _publish(self, alert: Alert, body: bytes, queue: aio_pika.abc.AbstractQueue | None) -> None:
+        headers: dict[str, list[str]] = {}
+        if queue is not None:
+            # Bound under its own name at every publish (idempotent, one round trip per alert):
+            # a book queue that expired and came back has lost its binding.
+            await queue.bind(ALERT, routing_key=queue.name)
+            headers[BCC] = [queue.name]
         await self._exchange.publish(
             persistent(body, message_id=alert.alert_id, content_type="application/json",
-                       type=alert.kind),
+                       type=alert.kind, headers=headers),
             routing_key=ALERT,
         )
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(key, _SENT, ex=self._retention)
+            pipe.set(self._keys.alert(alert.alert_id), _SENT, ex=self._retention)
             pipe.lpush(self._keys.recent_alerts(), body)
             pipe.ltrim(self._keys.recent_alerts(), 0, RECENT_ALERTS - 1)
             await pipe.execute()
         ALERTS_FIRED.labels(kind=alert.kind).inc()
         log.info("alert published", alert_id=alert.alert_id, kind=alert.kind, order_id=alert.key)
-        return True
-
-    async def emit_many(self, alerts: Sequence[Alert]) -> list[bool]:
-        """`emit` for a batch: the same three steps and guarantees, in two Redis calls.
-
-        Why: a burst of closing books fires thousands of alerts per second; one round trip per
-        step per alert (or a pipeline of one command per alert) made Redis and the
-        client's command encoding the bottleneck. Each step is one Lua call for the batch.
-        """
-        if not alerts:
-            return []
-        keys = [self._keys.alert(alert.alert_id) for alert in alerts]
-        bodies = [alert.to_json() for alert in alerts]
-        states = await self._redis.eval(_RECORD_PENDING, len(keys), *keys, self._retention,
-                                        *[_PENDING + body for body in bodies])
-        publish: list[int] = []
-        published = [False] * len(alerts)
-        for i, state in enumerate(states):
-            if state == 1:  # recorded pending by this call
-                publish.append(i)
-                continue
-            alert = alerts[i]
-            if state == _SENT:
-                ALERTS_DEDUPLICATED.inc()
-                log.info("alert already sent", alert_id=alert.alert_id, order_id=alert.key)
-            else:
-                bodies[i] = state[len(_PENDING):]
-                publish.append(i)
-                log.warning("re-publishing a pending alert", alert_id=alert.alert_id, order_id=alert.key)
-        if not publish:
-            return published
-        # The channel under aio-pika: a batch of confirms costs a third of the CPU this way.
-        channel = await self._exchange.channel.get_underlay_channel()
-        confirms = await asyncio.gather(*(channel.basic_publish(
-            bodies[i], exchange=ALERT, routing_key=ALERT, mandatory=True,  # unbound: returned, not an Ack
-            properties=aiormq.spec.Basic.Properties(
-                delivery_mode=2, message_id=alerts[i].alert_id, content_type="application/json",
-                message_type=alerts[i].kind)) for i in publish))
-        if any(not isinstance(confirm, aiormq.spec.Basic.Ack) for confirm in confirms):
-            # Still pending in Redis: whoever recomputes them re-publishes.
-            raise aio_pika.exceptions.DeliveryError(None, None)
-        recent = [bodies[i] for i in publish[-RECENT_ALERTS:]]
-        await self._redis.eval(_MARK_SENT, len(publish) + 1, self._keys.recent_alerts(),
-                               *[keys[i] for i in publish], self._retention, RECENT_ALERTS, *recent)
-        kinds: dict[str, int] = {}
-        for i in publish:
-            published[i] = True
-            kind = alerts[i].kind
-            kinds[kind] = kinds.get(kind, 0) + 1
-        for kind, count in kinds.items():  # one metric update per kind, not per alert
-            ALERTS_FIRED.labels(kind=kind).inc(count)
-        log.info("alerts published", count=len(publish),
-                 alert_ids=[alerts[i].alert_id for i in publish[:20]])
-        return published
 
 
-# KEYS: alert keys; ARGV[1]: retention; ARGV[1+i]: "pending:<json>" of KEYS[i].
-# Returns per key 1 (recorded now) or the existing value ("sent" or "pending:<json>").
-_RECORD_PENDING = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  if redis.call('SET', key, ARGV[i + 1], 'NX', 'EX', ARGV[1]) then
-    out[i] = 1
-  else
-    out[i] = redis.call('GET', key) or 1
-    if out[i] == 1 then redis.call('SET', key, ARGV[i + 1], 'EX', ARGV[1]) end
-  end
+# KEYS: an alert record, the recent-alerts list; ARGV: retention, list length.
+# pending -> sent (its JSON listed as recent); 1 when it changed.
+_SETTLE = """
+local state = redis.call('GET', KEYS[1])
+if state and string.sub(state, 1, 8) == 'pending:' then
+  redis.call('SET', KEYS[1], 'sent', 'EX', ARGV[1])
+  redis.call('LPUSH', KEYS[2], string.sub(state, 9))
+  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+  return 1
 end
-return out
-"""
-
-# KEYS[1]: recent-alerts list; KEYS[2..]: alert keys. ARGV: retention, list length, bodies.
-_MARK_SENT = """
-for i = 2, #KEYS do redis.call('SET', KEYS[i], 'sent', 'EX', ARGV[1]) end
-for i = 3, #ARGV do redis.call('LPUSH', KEYS[1], ARGV[i]) end
-redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
-return #KEYS - 1
+return 0
 """

@@ -6,8 +6,9 @@ partition) can never write over the one that took over: it fails its commit and
 restarts as a standby. A cycle's commit is one call: renew the lease, append the
 cycle's log record, and record each alert it fired (`SET alert:<id> NX`: an alert id
 fires once, ever) in the pending outbox. After the broker confirms the alert batch,
-`mark_sent` moves them out of the outbox; whatever is still pending after a crash is
-published again by the next owner before it consumes anything (docs/engine.md).
+`mark_sent` moves them out of the outbox. Whatever is still pending after a crash is
+settled by the next owner before it consumes anything: marked sent when a witness shows it
+on the bus (`settle`), published otherwise (docs/engine.md).
 
 The commit and the compaction carry an operation id and remember the last one applied
 (`engine:last-op`): redis-py re-sends a command whose reply was lost (a connection
@@ -52,6 +53,7 @@ class EngineStore:
         self._ops = 0
         self._commit = redis.register_script(_COMMIT)
         self._mark = redis.register_script(_MARK_SENT)
+        self._settle = redis.register_script(_SETTLE)
         self._compact = redis.register_script(_COMPACT)
         self._renew = redis.register_script(_RENEW)
 
@@ -64,7 +66,7 @@ class EngineStore:
     async def renew(self) -> bool:
         return bool(await self._renew(keys=[self._owner], args=[self.token, self.lease_ms]))
 
-    async def settle(self) -> None:
+    async def sync_replicas(self) -> None:
         """Renew the lease and WAIT for the replicas: the replication stream is ordered, so
         everything read before (a recovery's load) is on them too. `Fenced` if not the owner."""
         if not await run_script(self.redis, self._renew, [self._owner], [self.token, self.lease_ms], self.replicas):
@@ -113,6 +115,23 @@ class EngineStore:
             return
         keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in alert_ids)]
         await self._mark(keys=keys, args=[self.retention, RECENT_ALERTS, *bodies[-RECENT_ALERTS:]])
+
+    async def settle(self, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> int:
+        """A witness shows these alerts on the bus: those still pending are marked sent
+        (and listed as recent); returns how many were pending."""
+        settled = 0
+        for start in range(0, len(alert_ids), 1000):
+            keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in alert_ids[start:start + 1000])]
+            settled += await self._settle(keys=keys, args=[self.retention, RECENT_ALERTS,
+                                                           *bodies[start:start + 1000]])
+        return settled
+
+    async def pending_among(self, alert_ids: Sequence[str]) -> set[str]:
+        """Which of these alerts are still pending in the outbox."""
+        if not alert_ids:
+            return set()
+        found = await self.redis.hmget(self._pending, [self.keys.alert(a) for a in alert_ids])
+        return {alert_id for alert_id, body in zip(alert_ids, found) if body is not None}
 
     async def compact(self, done_image: bytes, trim: int) -> None:
         """Store the done markers and drop the `trim` oldest log records, atomically."""
@@ -170,6 +189,20 @@ end
 for i = 3, #ARGV do redis.call('LPUSH', KEYS[2], ARGV[i]) end
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
 return #KEYS - 2
+"""
+
+# KEYS: pending, recent list, alert keys... ARGV: retention, recent length, bodies (one per alert key)...
+_SETTLE = """
+local settled = 0
+for i = 3, #KEYS do
+  if redis.call('HDEL', KEYS[1], KEYS[i]) == 1 then
+    redis.call('SET', KEYS[i], 'sent', 'EX', ARGV[1])
+    redis.call('LPUSH', KEYS[2], ARGV[i])
+    settled = settled + 1
+  end
+end
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+return settled
 """
 
 # KEYS: owner, done, wal, last-op. ARGV: token, done image, records to trim, op id (a retry trims nothing more).

@@ -247,6 +247,10 @@ class Keys:
         """A book that closed or can fire nothing more; later events change nothing."""
         return f"{self.prefix}:book-done:{app}:{key}"
 
+    def pipeline_clock(self) -> str:
+        """The per-order mode's pipeline time: each aggregator's watermark and the newest stamp."""
+        return f"{self.prefix}:pipeline-clock"
+
     def delivered(self, channel: str, alert_id: str) -> str:
         """One channel's record that an alert reached its recipient."""
         return f"{self.prefix}:delivered:{channel}:{alert_id}"

@@ -17,6 +17,8 @@ import pytest
 from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
 from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fleet, PrivateRedis, RetryingPublisher, describe,
                                 in_background, in_doubt_ids, pull_queue_deliveries, wait_for_sinks)
+from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.generator import expected_alerts
 from tests.support.checker import fault_stream
 from tests.support.private_rabbit import PrivateRabbit
 from tests.support.tcp_proxy import TcpProxy
@@ -71,6 +73,87 @@ def test_rabbitmq_restart_mid_stream(fault_env, webhook, redis_prefix, tmp_path:
            CMD.format("test_rabbitmq_restart_mid_stream"))
     assert all(r.ok for r in reports.values()), describe(reports.values())
     assert all(code == 0 for code in codes.values()), codes
+
+
+PER_ORDER_KINDS = ("aggregator", "books", "lookout", "hook", "pull")
+
+
+def _orders_split_by_an_outage(count: int) -> tuple[list, list]:
+    """Purchases first; the requests of most orders only after the outage (some over, some
+    under their request); every fifth order never gets its request (a real orphan)."""
+    before, after = [], []
+    for n in range(count):
+        order = f"w{n}"
+        before += [Purchase(f"{order}-p{i}", order, 30, "c", "s") for i in range(3)]
+        if n % 5:
+            after.append(PurchaseRequest(order, 80 if n % 2 else 100, "c", "s"))
+    return before, after
+
+
+def test_per_order_books_wait_out_a_rabbitmq_restart(fault_env, webhook, redis_prefix, tmp_path: Path,
+                                                     record) -> None:
+    """Issue 18 item 6: books close on the stream's watermark (pipeline time), not on their own
+    clock. The broker is down longer than a book lives, between an order's purchases and its
+    request; pipeline time stands still meanwhile, so the request is not late and its order is
+    not called an orphan. Books on the wall clock failed this: every such order fired
+    purchase_without_request (the flake of test_rabbitmq_restart_mid_stream in its per-order days)."""
+    ttl, delay = 8.0, 1.0
+    node = PrivateRabbit(tmp_path / "rabbit").start()
+    before, after = _orders_split_by_an_outage(40)
+    expected = expected_alerts(before + after)
+    try:
+        env = {**fault_env, "ALDEBARAN_AMQP_URL": node.url, "ALDEBARAN_MODE": "per-order",
+               "ALDEBARAN_BOOK_TTL_SECONDS": str(ttl), "ALDEBARAN_PER_ORDER__BOOK_CLOSE_DELAY_SECONDS": str(delay)}
+        fleet = Fleet(env, tmp_path / "logs", kinds=PER_ORDER_KINDS).start_all()
+        publisher = RetryingPublisher(node.url)
+        try:
+            publisher.publish_stream(before)
+            _wait_routed(node.url, len(before) // 3)
+            down = time.monotonic()
+            node.stop()
+            while time.monotonic() - down < ttl + delay + 1:  # the outage outlasts a book's life
+                time.sleep(0.2)
+            node.start()
+            outage = time.monotonic() - down
+            publisher.publish_stream(after)
+            reports = wait_for_sinks(expected, {
+                "webhook": webhook.deliveries,
+                "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix)}, timeout=120)
+            alive = fleet.alive()
+        finally:
+            publisher.close()
+            codes = fleet.stop_all()
+    finally:
+        node.cleanup()
+    print(f"\nper-order, RabbitMQ down {outage:.1f} s (book ttl {ttl} s) between purchases and requests\n"
+          f"{describe(reports.values())}")
+    record("per-order mode: RabbitMQ down longer than a book's ttl between an order's purchases and its request",
+           1, len(before) + len(after), reports, CMD.format("test_per_order_books_wait_out_a_rabbitmq_restart"))
+    assert outage > ttl + delay
+    assert all(code is None for code in alive.values()), alive
+    assert all(r.ok for r in reports.values()), describe(reports.values()) + "\n" + fleet.tail("books")
+    assert sum(a.startswith("purchase_without_request") for a in expected) == 8  # the real orphans fired
+    assert all(code == 0 for code in codes.values()), codes
+
+
+def _wait_routed(url: str, orders: int, timeout: float = 60) -> None:
+    """The aggregator routed everything and the books took their work items."""
+    import pika
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        connection = pika.BlockingConnection(pika.URLParameters(url))
+        try:
+            channel = connection.channel()
+            depths = [channel.queue_declare(q, passive=True).method.message_count
+                      for q in ("Aldebaran.Trade_Data", "Aldebaran.Purchase_Request")]
+            consumed = channel.queue_declare("Aldebaran.Purchase_Request", passive=True).method.consumer_count
+        finally:
+            connection.close()
+        if depths == [0, 0] and consumed:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{orders} orders not routed in {timeout}s")
 
 
 def test_redis_restart_mid_stream(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, record) -> None:

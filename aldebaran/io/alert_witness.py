@@ -1,0 +1,69 @@
+"""The engine's alert witnesses: what reached `Aldebaran.Alert`, readable after a crash.
+
+The engine records an alert as pending in Redis, publishes it, and marks it sent after
+the confirm. A crash between the confirm and the mark left it pending, and the next
+owner published it again: `Aldebaran.Alert` carried it twice (1 to 12 repeats per run of
+tests/faults/test_kill_up.py). Every alert batch is now published with a `BCC` to
+`aldebaran.engine.witness`, a queue bound to the alert exchange under its own name: the
+broker routes one publish to both queues or to neither. Before it publishes what is still
+pending, a new owner reads the witnesses, marks every alert they hold sent, and publishes
+only the rest. The owner also reads them at each compaction, so the queue stays short.
+Only the lease holder reads this queue (after a fenced compaction, never before).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import aiormq.abc
+import msgspec
+from pamqp import commands as spec
+
+from aldebaran.io.alert_bus import split_alerts
+from aldebaran.log import get_logger
+from aldebaran.settings import Settings
+from declare.topology import ALERT
+
+log = get_logger("witness")
+WITNESS_QUEUE = "aldebaran.engine.witness"
+TRIM_READ = 2_000  # witness messages read per trim (one round trip each); the next trim goes on
+
+
+class _Id(msgspec.Struct):
+    alert_id: str
+
+
+_id_decoder = msgspec.json.Decoder(_Id)
+
+
+async def declare_witness(channel: aiormq.abc.AbstractChannel, settings: Settings) -> None:
+    """The witness queue, bound to the alert exchange under its own name."""
+    # No delivery limit on a quorum witness queue: a witness returned by trims must never be dropped.
+    arguments = {"x-queue-type": "quorum"} if settings.queue_type == "quorum" else {}
+    await channel.queue_declare(WITNESS_QUEUE, durable=True, arguments=arguments)
+    await channel.queue_bind(WITNESS_QUEUE, ALERT, routing_key=WITNESS_QUEUE)
+
+
+class Witness(NamedTuple):
+    """One witness message: its delivery tag on the reading channel, the alerts it holds."""
+
+    tag: int
+    alerts: dict[str, bytes]  # alert id -> its JSON
+
+
+async def read_witnesses(channel: aiormq.abc.AbstractChannel, limit: int | None = TRIM_READ) -> list[Witness]:
+    """The witness messages in queue order (at most `limit`; None: all), unacked (the caller
+    acks or returns them)."""
+    witnesses: list[Witness] = []
+    while limit is None or len(witnesses) < limit:
+        message = await channel.basic_get(WITNESS_QUEUE, no_ack=False)
+        if not isinstance(message.delivery, spec.Basic.GetOk):
+            break
+        alerts: dict[str, bytes] = {}
+        try:
+            for raw in split_alerts(message.body):
+                alerts[_id_decoder.decode(raw).alert_id] = raw
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not ours: acked with the rest
+            log.warning("unreadable witness message", error=str(exc))
+        witnesses.append(Witness(message.delivery.delivery_tag, alerts))
+    return witnesses

@@ -1,0 +1,102 @@
+"""Per-order mode: an alert left pending by a crash reaches `Aldebaran.Alert` exactly once.
+
+The crash is set up by hand, deterministically: the order's events wait in its book
+queue (routed by a real aggregator, never consumed), the outbox record says `pending`,
+and either the alert already went out before the "crash" (its copy on the tap and its
+witness in the book queue, as one BCC publish leaves them) or it never did. Then a real
+book manager rebuilds the book, computes the alert again and finds it in doubt.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+import redis
+
+from aldebaran.settings import Settings
+from aldebaran.trades.events import Purchase, PurchaseRequest
+from declare.topology import ALERT, book_queue_arguments
+from tests.support import services
+from tests.support.pipeline import TAP, alert_counts, collect_alerts, worker
+
+ORDER = "doubt"
+ALERT_ID = f"over_purchase:{ORDER}"
+RECORDED = (b'{"alert_id": "over_purchase:doubt", "kind": "over_purchase", "order_id": "doubt", '
+            b'"client": "c", "stock": "s", "requested_shares": 100, "purchased_shares": 120, '
+            b'"purchase_ids": ["d1", "d2"], "detected_at": "2026-01-01T00:00:00.000Z"}')
+
+
+def _wait(condition, timeout: float = 30, what: str = "") -> None:  # noqa: ANN001 - a callable
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("went_out", [True, False], ids=["published-before-the-crash", "never-published"])
+def test_an_alert_in_doubt_after_a_crash_reaches_the_bus_once(went_out: bool, broker, worker_env, redis_prefix,
+                                                              tmp_path) -> None:
+    env = dict(worker_env, ALDEBARAN_MODE="per-order", ALDEBARAN_BOOK_TTL_SECONDS="3")
+    store = redis.Redis.from_url(services.REDIS_URL)
+    queue = f"book-{ORDER}"
+    with worker(env, tmp_path / "aggregator.log", "aggregator"):
+        broker.publish([PurchaseRequest(ORDER, 100, "c", "s"), Purchase("d1", ORDER, 60, "c", "s"),
+                        Purchase("d2", ORDER, 60, "c", "s")], batch=3)
+        _wait(lambda: broker.depth(queue) == 3, what="the events in the book queue")
+        # The state a book manager killed mid-publish leaves: pending in Redis, and (if the
+        # publish made it) the alert on the bus with its witness behind the events.
+        store.set(f"{redis_prefix}:alert:{ALERT_ID}", b"pending:" + RECORDED)
+        if went_out:
+            arguments = book_queue_arguments(Settings(book_ttl_seconds=3))
+            broker.channel.queue_declare(queue, durable=True, arguments=arguments)
+            broker.channel.queue_bind(queue, ALERT, routing_key=queue)
+            broker.channel.basic_publish(ALERT, ALERT, RECORDED, pika.BasicProperties(
+                message_id=ALERT_ID, content_type="application/json", delivery_mode=2, headers={"BCC": [queue]}))
+        with worker(env, tmp_path / "books.log", "books"):
+            _wait(lambda: store.get(f"{redis_prefix}:book-done:trade_limits:{ORDER}") is not None,
+                  what="the rebuilt book to finish")
+            alerts = collect_alerts(broker, expected=1, timeout=10, settle=2)
+            _wait(lambda: broker.depth(queue) == 0, what="every held message acked")
+    log = (tmp_path / "books.log").read_text()
+    assert alert_counts(alerts) == {ALERT_ID: 1}
+    assert alerts[0]["detected_at"] == "2026-01-01T00:00:00.000Z"  # the recorded alert, not a new one
+    assert store.get(f"{redis_prefix}:alert:{ALERT_ID}") == b"sent"
+    assert "alert in doubt: pending after a crash" in log
+    if went_out:
+        assert "alert in doubt settled: its witness shows it was published" in log
+        assert "publishing it once" not in log
+    else:
+        assert "alert in doubt had no witness: publishing it once" in log
+    assert broker.depth(TAP) == 0
+
+
+@pytest.mark.parametrize("went_out", [True, False], ids=["published-before-the-crash", "never-published"])
+def test_an_engine_alert_left_pending_by_a_crash_reaches_the_bus_once(went_out: bool, broker, worker_env,
+                                                                     redis_prefix, tmp_path) -> None:
+    """The engine's outbox: pending in Redis after a crash; the new owner reads the witnesses first."""
+    from aldebaran.io.alert_witness import WITNESS_QUEUE
+    from tests.support.pipeline import running
+
+    store = redis.Redis.from_url(services.REDIS_URL)
+    alert_key = f"{redis_prefix}:alert:{ALERT_ID}"
+    store.set(alert_key, b"pending")
+    store.hset(f"{redis_prefix}:engine:pending", alert_key, RECORDED)
+    if went_out:
+        broker.channel.queue_declare(WITNESS_QUEUE, durable=True)
+        broker.channel.queue_bind(WITNESS_QUEUE, ALERT, routing_key=WITNESS_QUEUE)
+        broker.channel.basic_publish(ALERT, ALERT, RECORDED, pika.BasicProperties(
+            message_id=ALERT_ID, content_type="application/json", delivery_mode=2, headers={"BCC": [WITNESS_QUEUE]}))
+    with running(dict(worker_env, ALDEBARAN_MODE="engine"), tmp_path / "up.log") as pipeline:
+        _wait(lambda: store.get(alert_key) == b"sent", what="the outbox settled")
+        alerts = collect_alerts(broker, expected=1, timeout=10, settle=2)
+        _wait(lambda: broker.depth(WITNESS_QUEUE) == 0 or not went_out, what="the witness read and acked")
+        log = pipeline.log()
+    assert alert_counts(alerts) == {ALERT_ID: 1}
+    assert not store.hgetall(f"{redis_prefix}:engine:pending")
+    if went_out:
+        assert "were on the bus (witnessed): not published again" in log
+        assert "re-published alerts left pending by a crash" not in log
+    else:
+        assert "re-published alerts left pending by a crash" in log
