@@ -163,3 +163,27 @@ def test_a_conflicting_duplicate_is_counted_and_logged_once(broker, worker_env, 
     assert conf["purchased_shares"] == 101 and sorted(conf["purchase_ids"]) == ["p1", "p2"]
     assert "aldebaran_conflicting_duplicates_total 3.0" in samples
     assert (tmp_path / "books.log").read_text().count("conflicting duplicate") == 1
+
+
+@pytest.mark.parametrize("mode", ["engine", "per-order"])
+def test_an_alert_id_over_255_bytes_travels_shortened_in_both_modes(mode, broker, worker_env, tmp_path) -> None:
+    """A client of 200 emoji makes a `client_daily_limit` alert id of 830 bytes: once the
+    engine's lone-alert publish died on it (exit 70) and the per-order books looped. The id is
+    now bounded at birth (`bounded_alert_id`), so it is a valid message_id everywhere."""
+    env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="3", ALDEBARAN_MODE=mode,
+               ALDEBARAN_APPS='["trade_limits", "client_daily_limit"]',
+               ALDEBARAN_APP_OPTIONS='{"client_daily_limit": {"max_shares": 10}}')
+    client = "\U0001F600" * 200
+    with running(env, tmp_path / "up.log") as pipeline:
+        broker.publish([Purchase("lone", "o-long", 11, client, "s")])  # alone in its cycle: a lone alert
+        first = collect_alerts(broker, expected=1, timeout=60, settle=0)
+        for n in range(10):  # unrelated orders, under the daily limit of their clients
+            broker.publish([PurchaseRequest(f"plain-{n}", 5, f"c{n}", "s"), Purchase(f"q{n}", f"plain-{n}", 6, f"c{n}", "s")],
+                           batch=2)
+        rest = collect_alerts(broker, expected=11, timeout=60, settle=2)
+        alive = pipeline.process.poll() is None  # type: ignore[union-attr]
+    [daily] = first
+    assert alive and daily["kind"] == "client_daily_limit" and daily["client"] == client
+    assert daily["alert_id"].startswith("client_daily_limit:\U0001F600") and len(daily["alert_id"].encode()) <= 255
+    expected = {f"over_purchase:plain-{n}": 1 for n in range(10)} | {"purchase_without_request:o-long": 1}
+    assert alert_counts(rest) == expected
