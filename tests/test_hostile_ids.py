@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from aldebaran.trades.codec import dead_letters, decode_message, encode_json
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from declare.topology import ALERT, CHANNEL_PREFIX, DEAD_LETTER, TRADE_DATA, WORK_QUEUE, book_queue
-from tests.support.pipeline import alert_counts, collect_alerts, running, worker
+from tests.support.pipeline import alert_counts, collect_alerts, running
 
 HOSTILE = ["shard-0", "shard-3", "/#*.", "é", "a\r\nb", "nul\x00id", "&", "(", "'", "%41", "@41", "#x",
            "\U0001F600" * 50, "z" * 200, "-", " padded ", "book-1", "Aldebaran.Alert"]
@@ -142,14 +142,15 @@ def test_many_rejects_in_one_message_become_one_summary() -> None:
                               "(first at index 1); 20 x an event must be an object, got str (first at index 2)")
 
 
-def test_a_conflicting_duplicate_is_counted_and_logged_once(broker, worker_env, tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["engine", "per-order"])
+def test_a_conflicting_duplicate_is_counted_and_logged_once(mode, broker, worker_env, tmp_path) -> None:
     import httpx
 
     from tests.test_channels import free_port
 
     port = free_port()
-    with worker(worker_env, tmp_path / "agg.log", "aggregator"), \
-            worker(worker_env, tmp_path / "books.log", "books", "--metrics-port", str(port)):
+    env = dict(worker_env, ALDEBARAN_MODE=mode)
+    with running(env, tmp_path / "up.log", "--metrics-port", str(port)) as pipeline:
         broker.publish([PurchaseRequest("conf", 100, "c", "s"), Purchase("p1", "conf", 60, "c", "s")])
         for _ in range(3):  # the same id with other content: the first copy counts
             broker.publish([Purchase("p1", "conf", 50, "c", "s")])
@@ -158,11 +159,12 @@ def test_a_conflicting_duplicate_is_counted_and_logged_once(broker, worker_env, 
         broker.publish([Purchase("p2", "conf", 41, "c", "s")])
         alerts = collect_alerts(broker, expected=2, timeout=60, settle=2)
         samples = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        log = pipeline.log()
     assert alert_counts(alerts) == {"over_purchase:conf": 1, "over_purchase:other": 1}
     conf = next(a for a in alerts if a["order_id"] == "conf")
     assert conf["purchased_shares"] == 101 and sorted(conf["purchase_ids"]) == ["p1", "p2"]
     assert "aldebaran_conflicting_duplicates_total 3.0" in samples
-    assert (tmp_path / "books.log").read_text().count("conflicting duplicate") == 1
+    assert log.count("conflicting duplicate") == 1
 
 
 @pytest.mark.parametrize("mode", ["engine", "per-order"])

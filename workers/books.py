@@ -33,7 +33,8 @@ from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
-from aldebaran.metrics import BOOK_EVENTS, BOOKS_OPEN, CONFLICTING_DUPLICATES, DEAD_LETTERED, PROCESSING_LATENCY
+from aldebaran.metrics import (BOOK_EVENTS, BOOKS_OPEN, CONFLICTING_DUPLICATES, DEAD_LETTERED, PROCESSING_LATENCY,
+                               RULE_ERRORS)
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
 from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, WORK_QUEUE, book_queue, book_queue_arguments
@@ -155,10 +156,16 @@ class BookConsumer:
                 self.log.info("late event: book already closed", **context)
             await message.ack()
             return
-        if self.book is None:
-            self.book = Book(self.rule, self.item.key, opened_at=at,
-                             ttl=self.rule.ttl_seconds(self.manager.settings.book_ttl_seconds))
-        offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
+        try:
+            if self.book is None:
+                self.book = Book(self.rule, self.item.key, opened_at=at,
+                                 ttl=self.rule.ttl_seconds(self.manager.settings.book_ttl_seconds))
+            offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
+        except Exception as exc:  # noqa: BLE001 - a rule's error: refuse this event, not the session
+            RULE_ERRORS.labels(app=self.rule.name).inc()
+            await self.manager.dead_letter(message, f"application {self.rule.name} failed on this event "
+                                                    f"of book {self.item.key[:200]!r}: {type(exc).__name__}: {exc}"[:1000])
+            return
         BOOK_EVENTS.labels(outcome=offer.outcome.value).inc()
         published_ms = headers.get(PUBLISHED_HEADER)
         if isinstance(published_ms, int):
@@ -373,7 +380,7 @@ class BookManager:
 
     async def dead_letter(self, message: aio_pika.abc.AbstractIncomingMessage, reason: str) -> None:
         DEAD_LETTERED.labels(reason="internal").inc()
-        held = self._throttle.allow(f"dead-letter:{message.routing_key}")
+        held = self._throttle.allow(f"dead-letter:{reason[:40]}")  # per kind of reason, not per book
         if held is not None:
             log.error("dead-lettered", reason=reason, routing_key=message.routing_key, similar_not_logged=held)
         await self._default.publish(
