@@ -23,7 +23,7 @@ from tests.support.pipeline import alert_counts, collect_alerts, running
 
 HOSTILE = ["shard-0", "shard-3", "/#*.", "é", "a\r\nb", "nul\x00id", "&", "(", "'", "%41", "@41", "#x",
            "\U0001F600" * 50, "z" * 200, "-", " padded ", "book-1", "Aldebaran.Alert"]
-INTERNAL = {TRADE_DATA, WORK_QUEUE, ALERT, DEAD_LETTER, *(f"book-shard-{n}" for n in range(4096))}
+INTERNAL = {TRADE_DATA, WORK_QUEUE, ALERT, DEAD_LETTER, "aldebaran.tracer", *(f"book-shard-{n}" for n in range(4096))}
 
 
 QUEUE_NAME = re.compile(r"[a-zA-Z0-9-_.:@#,/+ ]*")  # what the AMQP client (pamqp) accepts
@@ -45,6 +45,20 @@ def test_book_queue_names_are_short_distinct_and_never_internal() -> None:
     assert names["z" * 200] == "book-" + "z" * 200  # 200 safe bytes: still readable
     assert names["\U0001F600" * 50].startswith("book-#")  # 600 bytes percent-encoded: hashed
     assert len(book_queue("book-", "/" * 200).encode()) <= 255
+
+
+def test_app_queue_prefixes_can_neither_meet_nor_spell_an_internal_name() -> None:
+    from types import SimpleNamespace
+
+    from aldebaran.apps import check_queue_prefixes, load_rule
+    from aldebaran.errors import ConfigError
+
+    trade, daily = load_rule("trade_limits"), load_rule("client_daily_limit", {"max_shares": 1})
+    check_queue_prefixes([trade, daily])  # "book-" and "daily-": apart
+    for prefix, why in (("book-", "could meet"), ("book-x", "could meet"), ("b", "could meet"),
+                        ("Aldebaran.", "internal"), ("aldebaran.t", "internal"), ("", "1-50 bytes")):
+        with pytest.raises(ConfigError, match=why):
+            check_queue_prefixes([trade, SimpleNamespace(name="fake", queue_prefix=prefix)])
 
 
 @given(st.text(min_size=1, max_size=80), st.text(min_size=1, max_size=80))
