@@ -18,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 from urllib.parse import parse_qs, unquote
 
+import pika
 import pytest
 from aiosmtpd.controller import Controller
 
 from aldebaran.channels.email import message_id
 from aldebaran.trades.events import Purchase, PurchaseRequest
+from declare.topology import DEAD_LETTER
 from tests.support.pipeline import alert_counts, collect_alerts, running
 from tests.test_channels import SmtpRecorder, free_port
 
@@ -115,3 +117,25 @@ def test_hostile_ids_reach_webhook_sms_and_email_exactly_once(mode, broker, work
         assert envelope.rcpt_tos == ["ops@example.org"]
         assert "\nBcc:" not in envelope.content.split(b"\r\n\r\n", 1)[0].decode()
     assert "parked in the dead-letter queue" not in log and "UnicodeEncodeError" not in log
+
+
+@pytest.mark.xfail(strict=True, reason="the lookout publishes message_id = alert_id unbounded and retries a failing "
+                                       "fan-out without end (workers/lookout.py, owned by the delivery rewrite)")
+def test_a_forged_alert_id_over_255_bytes_is_refused_by_the_lookout(broker, worker_env, tmp_path) -> None:
+    """Without least privilege, anyone may write `Aldebaran.Alert`: an alert id of 314 bytes
+    (none of ours is: `bounded_alert_id`) must be dead-lettered once, not loop the lookout."""
+    with http_recorder() as (url, requests):
+        env = dict(worker_env, ALDEBARAN_CHANNELS=json.dumps([{"name": "hook", "kind": "webhook", "url": f"{url}/a"}]))
+        with running(env, tmp_path / "up.log") as pipeline:
+            forged = {"alert_id": "over_purchase:" + "x" * 300, "kind": "over_purchase", "order_id": "x" * 300}
+            broker.channel.basic_publish("Aldebaran.Alert", "Aldebaran.Alert", json.dumps(forged).encode(),
+                                         pika.BasicProperties(content_type="application/json"))
+            for n in range(5):
+                broker.publish([PurchaseRequest(f"o{n}", 1, "c", "s"), Purchase(f"p{n}", f"o{n}", 2, "c", "s")], batch=2)
+            assert _wait(lambda: len(requests) >= 5)
+            dead: list = []
+            _wait(lambda: bool(dead.extend(broker.drain(DEAD_LETTER)) or dead), timeout=20)
+            log = pipeline.log()
+    assert Counter(json.loads(body)["alert_id"] for _, _, body in requests) == {f"over_purchase:o{n}": 1 for n in range(5)}
+    assert len(dead) == 1 and "alert_id" in dead[0][0].headers["x-aldebaran-reason"]
+    assert log.count("fan-out failed") <= 1
