@@ -130,3 +130,19 @@ def test_a_rule_that_raises_stalls_nothing(mode, broker, worker_env, tmp_path) -
     else:
         assert len(dead) == 6 and sum(r.startswith("book failed 2 times: boom at close") for r in reasons) == 1, reasons
         assert log.count('"event": "dead-lettered"') <= 2
+
+
+def test_junk_is_dead_lettered_but_never_kept_in_the_log() -> None:
+    """A junk flood (each message up to the broker's size limit) must not fill Redis: the
+    cycle's record keeps its stamp and only the messages that held an event."""
+    engine = _engine(trade_limits)
+    junk = WalMessage(JSON, b"[" + b",".join([b"0"] * 3000) + b"]")
+    huge = WalMessage(JSON, b"[" + b" " * (2 << 20) + b"]")  # over max_message_bytes
+    good = _msg(PurchaseRequest("g", 1, "c", "s"))
+    cycle = engine.cycle([junk, huge, good], 1_000, NOW)
+    record = decode_record(cycle.record)  # type: ignore[arg-type]
+    assert record.stamp_ms == 1_000 and record.messages == [good]
+    assert [index for index, _ in cycle.rejects] == [0, 1]  # both still dead-lettered, whole
+    only_junk = engine.cycle([huge], 1_100, NOW)
+    assert only_junk.record is not None and len(only_junk.record) < 100
+    assert decode_record(only_junk.record).messages == [] and only_junk.rejects

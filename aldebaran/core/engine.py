@@ -95,8 +95,11 @@ class Engine:
         out.alerts = self.close(stamp_ms, now)
         out.close_failures = self.books.take_failures()
         if messages:
-            self._apply(messages, out, now, self.last_stamp_ms)
-            out.record = encode_record(WalRecord(self.last_stamp_ms, list(messages)))
+            # The record keeps the cycle's stamp and only the messages that held an event: the
+            # rest changes no book on replay, and a flood of junk (each message up to the
+            # broker's size limit) must not fill Redis.
+            logged = self._apply(messages, out, now, self.last_stamp_ms)
+            out.record = encode_record(WalRecord(self.last_stamp_ms, logged))
             self.wal.appended(self.last_stamp_ms)
         out.conflicts, self.books.conflicts = self.books.conflicts, []
         return out
@@ -109,10 +112,12 @@ class Engine:
         self.books.conflicts.clear()
         self.wal.appended(record.stamp_ms)
 
-    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int) -> None:
+    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int) -> list[WalMessage]:
+        """Apply the messages' events; the messages that held any (what the log must keep)."""
         at = stamp_ms / 1000.0
         decode, dead_letters, max_bytes, rules = self.codec.decode, self.codec.dead_letters, self.max_bytes, self.rules
         offer_many, fired = self.books.offer_many, out.alerts
+        logged: list[WalMessage] = []
         for index, message in enumerate(messages):
             decoded = decode(message.body, message.content_type or None, max_bytes)
             if decoded.rejects:
@@ -120,6 +125,7 @@ class Engine:
             events = decoded.events
             if not events:
                 continue
+            logged.append(message)
             out.events += len(events)
             out.kinds.update(map(type, events))
             for rule in rules:
@@ -130,6 +136,7 @@ class Engine:
                 out.late += late
             if self.books.failures:
                 out.rejects.append((index, RuleReject.of(self.books.take_failures())))
+        return logged
 
     def restore_done(self, image: DoneImage) -> None:
         """Start from the done markers of the last compaction (before replaying the log)."""
