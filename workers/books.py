@@ -163,8 +163,9 @@ class BookConsumer:
             offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
         except Exception as exc:  # noqa: BLE001 - a rule's error: refuse this event, not the session
             RULE_ERRORS.labels(app=self.rule.name).inc()
-            await self.manager.dead_letter(message, f"application {self.rule.name} failed on this event "
-                                                    f"of book {self.item.key[:200]!r}: {type(exc).__name__}: {exc}"[:1000])
+            reason = (f"application {self.rule.name} failed on this event of book {self.item.key[:200]!r}: "
+                      f"{type(exc).__name__}: {exc}")
+            await self.manager.dead_letter(message, reason[:1000])
             return
         BOOK_EVENTS.labels(outcome=offer.outcome.value).inc()
         published_ms = headers.get(PUBLISHED_HEADER)
