@@ -13,6 +13,9 @@ BOOKS_OPEN = Gauge("aldebaran_books_open", "Books currently held by this process
 BOOK_EVENTS = Counter("aldebaran_book_events_total", "Events offered to books, by outcome", ["outcome"])
 CONFLICTING_DUPLICATES = Counter("aldebaran_conflicting_duplicates_total",
                                  "Events whose id a book had already counted with other content (the first copy wins)")
+RULE_ERRORS = Counter("aldebaran_rule_errors_total",
+                      "Events (or book closes) an application's rule raised on: the message is dead-lettered, "
+                      "the others go on", ["app"])
 ALERTS_FIRED = Counter("aldebaran_alerts_fired_total", "Alerts published to the alert exchange", ["kind"])
 ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts suppressed as already sent")
 ALERTS_RECOVERED = Counter("aldebaran_alerts_recovered_total", "Per-order alerts found pending after a crash, by how they were settled (witnessed in the book queue: not published again; published: no witness)", ["outcome"])

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from aldebaran.trades.codec import dead_letters, decode_message, encode_json
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from declare.topology import ALERT, CHANNEL_PREFIX, DEAD_LETTER, TRADE_DATA, WORK_QUEUE, book_queue
-from tests.support.pipeline import alert_counts, collect_alerts, running, worker
+from tests.support.pipeline import alert_counts, collect_alerts, running
 
 HOSTILE = ["shard-0", "shard-3", "/#*.", "é", "a\r\nb", "nul\x00id", "&", "(", "'", "%41", "@41", "#x",
            "\U0001F600" * 50, "z" * 200, "-", " padded ", "book-1", "Aldebaran.Alert"]
-INTERNAL = {TRADE_DATA, WORK_QUEUE, ALERT, DEAD_LETTER, *(f"book-shard-{n}" for n in range(4096))}
+INTERNAL = {TRADE_DATA, WORK_QUEUE, ALERT, DEAD_LETTER, "aldebaran.tracer", *(f"book-shard-{n}" for n in range(4096))}
 
 
 QUEUE_NAME = re.compile(r"[a-zA-Z0-9-_.:@#,/+ ]*")  # what the AMQP client (pamqp) accepts
@@ -45,6 +45,20 @@ def test_book_queue_names_are_short_distinct_and_never_internal() -> None:
     assert names["z" * 200] == "book-" + "z" * 200  # 200 safe bytes: still readable
     assert names["\U0001F600" * 50].startswith("book-#")  # 600 bytes percent-encoded: hashed
     assert len(book_queue("book-", "/" * 200).encode()) <= 255
+
+
+def test_app_queue_prefixes_can_neither_meet_nor_spell_an_internal_name() -> None:
+    from types import SimpleNamespace
+
+    from aldebaran.apps import check_queue_prefixes, load_rule
+    from aldebaran.errors import ConfigError
+
+    trade, daily = load_rule("trade_limits"), load_rule("client_daily_limit", {"max_shares": 1})
+    check_queue_prefixes([trade, daily])  # "book-" and "daily-": apart
+    for prefix, why in (("book-", "could meet"), ("book-x", "could meet"), ("b", "could meet"),
+                        ("Aldebaran.", "internal"), ("aldebaran.t", "internal"), ("", "1-50 bytes")):
+        with pytest.raises(ConfigError, match=why):
+            check_queue_prefixes([trade, SimpleNamespace(name="fake", queue_prefix=prefix)])
 
 
 @given(st.text(min_size=1, max_size=80), st.text(min_size=1, max_size=80))
@@ -142,14 +156,15 @@ def test_many_rejects_in_one_message_become_one_summary() -> None:
                               "(first at index 1); 20 x an event must be an object, got str (first at index 2)")
 
 
-def test_a_conflicting_duplicate_is_counted_and_logged_once(broker, worker_env, tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["engine", "per-order"])
+def test_a_conflicting_duplicate_is_counted_and_logged_once(mode, broker, worker_env, tmp_path) -> None:
     import httpx
 
     from tests.test_channels import free_port
 
     port = free_port()
-    with worker(worker_env, tmp_path / "agg.log", "aggregator"), \
-            worker(worker_env, tmp_path / "books.log", "books", "--metrics-port", str(port)):
+    env = dict(worker_env, ALDEBARAN_MODE=mode)
+    with running(env, tmp_path / "up.log", "--metrics-port", str(port)) as pipeline:
         broker.publish([PurchaseRequest("conf", 100, "c", "s"), Purchase("p1", "conf", 60, "c", "s")])
         for _ in range(3):  # the same id with other content: the first copy counts
             broker.publish([Purchase("p1", "conf", 50, "c", "s")])
@@ -158,8 +173,33 @@ def test_a_conflicting_duplicate_is_counted_and_logged_once(broker, worker_env, 
         broker.publish([Purchase("p2", "conf", 41, "c", "s")])
         alerts = collect_alerts(broker, expected=2, timeout=60, settle=2)
         samples = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        log = pipeline.log()
     assert alert_counts(alerts) == {"over_purchase:conf": 1, "over_purchase:other": 1}
     conf = next(a for a in alerts if a["order_id"] == "conf")
     assert conf["purchased_shares"] == 101 and sorted(conf["purchase_ids"]) == ["p1", "p2"]
     assert "aldebaran_conflicting_duplicates_total 3.0" in samples
-    assert (tmp_path / "books.log").read_text().count("conflicting duplicate") == 1
+    assert log.count("conflicting duplicate") == 1
+
+
+@pytest.mark.parametrize("mode", ["engine", "per-order"])
+def test_an_alert_id_over_255_bytes_travels_shortened_in_both_modes(mode, broker, worker_env, tmp_path) -> None:
+    """A client of 200 emoji makes a `client_daily_limit` alert id of 830 bytes: once the
+    engine's lone-alert publish died on it (exit 70) and the per-order books looped. The id is
+    now bounded at birth (`bounded_alert_id`), so it is a valid message_id everywhere."""
+    env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="3", ALDEBARAN_MODE=mode,
+               ALDEBARAN_APPS='["trade_limits", "client_daily_limit"]',
+               ALDEBARAN_APP_OPTIONS='{"client_daily_limit": {"max_shares": 10}}')
+    client = "\U0001F600" * 200
+    with running(env, tmp_path / "up.log") as pipeline:
+        broker.publish([Purchase("lone", "o-long", 11, client, "s")])  # alone in its cycle: a lone alert
+        first = collect_alerts(broker, expected=1, timeout=60, settle=0)
+        for n in range(10):  # unrelated orders, under the daily limit of their clients
+            broker.publish([PurchaseRequest(f"plain-{n}", 5, f"c{n}", "s"), Purchase(f"q{n}", f"plain-{n}", 6, f"c{n}", "s")],
+                           batch=2)
+        rest = collect_alerts(broker, expected=11, timeout=60, settle=2)
+        alive = pipeline.process.poll() is None  # type: ignore[union-attr]
+    [daily] = first
+    assert alive and daily["kind"] == "client_daily_limit" and daily["client"] == client
+    assert daily["alert_id"].startswith("client_daily_limit:\U0001F600") and len(daily["alert_id"].encode()) <= 255
+    expected = {f"over_purchase:plain-{n}": 1 for n in range(10)} | {"purchase_without_request:o-long": 1}
+    assert alert_counts(rest) == expected

@@ -57,3 +57,32 @@ def test_health_never_prints_a_password_from_the_redis_url(settings: Settings) -
     # Real Redis, wrong database index form: the check fails or passes, the password never shows.
     check = check_redis(settings.model_copy(update={"redis_url": "redis://127.0.0.1:6379/0?password=hunter2"}), 5)
     assert "hunter2" not in check.target + check.detail and "password=***" in check.target
+
+
+def test_up_never_prints_a_password_from_the_redis_url(worker_env) -> None:
+    """Issue 19, row 11: `up` once logged `redis://…?password=…` in full when Redis was away."""
+    import subprocess
+    import sys
+
+    from tests.test_channels import free_port
+
+    env = dict(worker_env, ALDEBARAN_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0?password=hunter2&db=0",
+               ALDEBARAN_LOG_LEVEL="debug")
+    result = subprocess.run([sys.executable, "-m", "aldebaran.cli", "up", "--no-tracer"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    text = result.stdout + result.stderr
+    assert result.returncode == 69, text[-2000:]
+    assert "hunter2" not in text and "password=***" in text
+
+
+def test_the_api_refuses_an_infinite_lifetime_at_start_with_the_key(worker_env) -> None:
+    """Issue 19, row 12: `inf` passed validation, then an OverflowError traceback, exit 3."""
+    import subprocess
+    import sys
+
+    env = dict(worker_env, ALDEBARAN_CHECKOUT_LIFETIME_SECONDS="inf")
+    result = subprocess.run([sys.executable, "-m", "aldebaran.cli", "api"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 78 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "aldebaran api: checkout_lifetime_seconds: Input should be a finite number (got 'inf')"]

@@ -46,9 +46,11 @@ def two_deployments(worker_env: dict[str, str], tmp_path) -> Iterator[list[tuple
             services.delete_vhost(vhost)
 
 
-def test_two_vhosts_on_one_redis_with_overlapping_order_ids(two_deployments, tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["engine", "per-order"])
+def test_two_vhosts_on_one_redis_with_overlapping_order_ids(mode, two_deployments, tmp_path) -> None:
     (env_a, broker_a), (env_b, broker_b) = two_deployments
     assert default_key_prefix(env_a["ALDEBARAN_AMQP_URL"]) != default_key_prefix(env_b["ALDEBARAN_AMQP_URL"])
+    env_a, env_b = dict(env_a, ALDEBARAN_MODE=mode), dict(env_b, ALDEBARAN_MODE=mode)
     with running(env_a, tmp_path / "a.log"), running(env_b, tmp_path / "b.log"):
         for n in range(10):
             order = f"100{n}"

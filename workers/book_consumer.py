@@ -24,7 +24,7 @@ from aldebaran.core.book import Book, Outcome
 from aldebaran.core.rule import Alert, Rule
 from aldebaran.io.alert_outbox import Emitted, is_witness
 from aldebaran.log import get_logger
-from aldebaran.metrics import BOOK_EVENTS, CONFLICTING_DUPLICATES, PROCESSING_LATENCY
+from aldebaran.metrics import BOOK_EVENTS, CONFLICTING_DUPLICATES, PROCESSING_LATENCY, RULE_ERRORS
 from workers.aggregator import INGEST_HEADER, PUBLISHED_HEADER, WorkItem
 
 if TYPE_CHECKING:
@@ -219,10 +219,17 @@ class BookConsumer:
                 self.log.info("late event: book already closed", ingest_ms=ingest_ms, **context)
             await message.ack()
             return
-        if self.book is None:
-            self.book = Book(self.rule, self.item.key, opened_at=at,
-                             ttl=self.rule.ttl_seconds(self.manager.settings.book_ttl_seconds))
-        offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
+        try:
+            if self.book is None:
+                self.book = Book(self.rule, self.item.key, opened_at=at,
+                                 ttl=self.rule.ttl_seconds(self.manager.settings.book_ttl_seconds))
+            offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
+        except Exception as exc:  # noqa: BLE001 - a rule's error: refuse this event, not the session
+            RULE_ERRORS.labels(app=self.rule.name).inc()
+            reason = (f"application {self.rule.name} failed on this event of book {self.item.key[:200]!r}: "
+                      f"{type(exc).__name__}: {exc}")
+            await self.manager.dead_letter(message, reason[:1000])
+            return
         BOOK_EVENTS.labels(outcome=offer.outcome.value).inc()
         published_ms = headers.get(PUBLISHED_HEADER)
         if isinstance(published_ms, int):

@@ -204,7 +204,8 @@ class BookManager:
 
     async def dead_letter(self, message: aio_pika.abc.AbstractIncomingMessage, reason: str) -> None:
         DEAD_LETTERED.labels(reason="internal").inc()
-        held = self._throttle.allow(f"dead-letter:{message.routing_key}")
+        kind = reason.partition("'")[0][:60]  # the reason before any quoted id: per kind, not per book
+        held = self._throttle.allow(f"dead-letter:{kind}")
         if held is not None:
             log.error("dead-lettered", reason=reason, routing_key=message.routing_key, similar_not_logged=held)
         await self._default.publish(

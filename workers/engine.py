@@ -22,6 +22,7 @@ import os
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -31,7 +32,7 @@ from redis.exceptions import RedisError
 
 from aldebaran.apps import load_rules
 from aldebaran.core.batching import NaturalBatcher
-from aldebaran.core.engine import Cycle, Engine
+from aldebaran.core.engine import Cycle, Engine, RuleReject
 from aldebaran.core.pipeline_clock import PipelineClock
 from aldebaran.core.rule import Rule
 from aldebaran.core.wal import WalMessage
@@ -45,7 +46,7 @@ from aldebaran.io.latency_samples import LatencySamples
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
 from aldebaran.metrics import (ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, BOOK_EVENTS, BOOKS_OPEN,
-                               DONE_MARKERS, EVENTS_CONSUMED, PROCESSING_LATENCY)
+                               CONFLICTING_DUPLICATES, DONE_MARKERS, EVENTS_CONSUMED, PROCESSING_LATENCY, RULE_ERRORS)
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
@@ -56,6 +57,7 @@ from workers.runtime import Lifecycle
 log = get_logger("engine")
 PUBLISHED_HEADER = "x-aldebaran-published-ms"
 REPORT_SECONDS = 1.0
+CONFLICTS_REMEMBERED = 10_000  # event ids whose conflict was logged (later ones are only counted)
 
 
 class EngineWorker:
@@ -71,6 +73,7 @@ class EngineWorker:
         self.engine: Engine | None = None
         self._late_logged = 0
         self.throttle = Throttle()
+        self._conflicts_logged: OrderedDict[tuple[str, str], None] = OrderedDict()  # bounded
 
     def new_engine(self) -> Engine:
         return Engine(self.rules, self.settings.book_ttl_seconds, self.config.done_retention_seconds,
@@ -126,6 +129,30 @@ class EngineWorker:
             if number:
                 BOOK_EVENTS.labels(outcome=outcome).inc(number)
         self._late_logged += cycle.late
+
+    def troubles(self, cycle: Cycle) -> None:
+        """Conflicting repeats and rule errors: each counted, each kind logged once with a count."""
+        if cycle.conflicts:
+            CONFLICTING_DUPLICATES.inc(len(cycle.conflicts))
+            for app, key, event_id in cycle.conflicts:
+                if (app, event_id) in self._conflicts_logged:
+                    continue  # said once already: later conflicts of this id are only counted
+                self._conflicts_logged[(app, event_id)] = None
+                if len(self._conflicts_logged) > CONFLICTS_REMEMBERED:
+                    self._conflicts_logged.popitem(last=False)
+                held = self.throttle.allow("conflicting duplicate")
+                if held is not None:
+                    log.warning("conflicting duplicate: same event id, other content; the first copy counts",
+                                app=app, order_id=key[:200], event_id=event_id[:200], other_ids_not_logged=held)
+        for _, reject in cycle.rejects:
+            if isinstance(reject, RuleReject):
+                RULE_ERRORS.labels(app=reject.app).inc(reject.failures)
+        for failure in cycle.close_failures:
+            RULE_ERRORS.labels(app=failure.app).inc()
+            held = self.throttle.allow(f"close:{failure.app}:{failure.error[:80]}")
+            if held is not None:
+                log.error("application failed closing a book; the book is dropped", app=failure.app,
+                          key=(failure.key or "")[:200], error=failure.error[:500], similar_not_logged=held)
 
     def report(self) -> None:
         engine = self.engine
@@ -232,6 +259,8 @@ class Session:
                 last_renewal = monotonic
             if batch:
                 self.worker.count(cycle)
+            if cycle.conflicts or cycle.rejects or cycle.close_failures:
+                self.worker.troubles(cycle)
             if monotonic - last_compaction >= self.config.compact_seconds:
                 image, trim = engine.compaction()
                 await self.store.compact(image, trim)  # fenced: only the owner goes on
@@ -280,13 +309,13 @@ class Session:
     async def _confirm_and_ack(self, output: CycleOutput, previous: asyncio.Future[None] | None,
                                mine: asyncio.Future[None]) -> None:
         try:
-            sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason in output.rejects]
+            sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason, _ in output.rejects]
             if output.alert_ids:
                 sends.append(publish_alerts(self.out, output.alert_ids, output.bodies, witness=WITNESS_QUEUE))
             if sends:
                 await asyncio.gather(*sends)
-            for _, reason in output.rejects:
-                held = self.worker.throttle.allow(reason[:80])
+            for _, reason, key in output.rejects:
+                held = self.worker.throttle.allow(key)
                 if held is not None:
                     log.warning("dead-lettered", reason=reason, held_back=held)
             if previous is not None:

@@ -24,7 +24,7 @@ class CycleOutput:
     """What must be confirmed before the cycle's messages are acked (up to `last_tag`)."""
 
     last_tag: int
-    rejects: list[tuple[bytes, str]]  # (the element's bytes, the reason)
+    rejects: list[tuple[bytes, str, str]]  # (the element's bytes, the reason, its log throttle key)
     oldest_published_ms: int
     alert_ids: list[str] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
@@ -32,7 +32,8 @@ class CycleOutput:
 
     @classmethod
     def of(cls, cycle: Cycle, batch: Sequence[Delivery]) -> "CycleOutput":
-        rejects = [(reject.raw or batch[index].message.body, reject.reason) for index, reject in cycle.rejects]
+        rejects = [(reject.raw or batch[index].message.body, reject.reason,
+                    getattr(reject, "log_key", None) or reject.reason[:80]) for index, reject in cycle.rejects]
         published = [d.published_ms for d in batch if d.published_ms]
         return cls(batch[-1].tag if batch else 0, rejects, min(published) if published else 0)
 

@@ -52,4 +52,24 @@ def load_rule(name: str, options: Mapping[str, Any] | None = None) -> Any:
 
 def load_rules(settings: "Settings") -> list[Any]:
     """Every configured application's rule, each with its own `[app_options.<name>]`."""
-    return [load_rule(name, settings.app_options.get(name)) for name in settings.apps]
+    rules = [load_rule(name, settings.app_options.get(name)) for name in settings.apps]
+    check_queue_prefixes(rules)
+    return rules
+
+
+def check_queue_prefixes(rules: list[Any]) -> None:
+    """Book queues are `<queue_prefix><encoded key>` (CONTRACT §2: never an internal name).
+
+    Two prefixes where one starts the other (`book-`, `book-x`) would let two apps' keys
+    meet in one queue (`x1` under the first, `1` under the second), and a prefix starting
+    like an internal name (`Aldebaran.`, `aldebaran.`) could spell one: both are refused.
+    """
+    prefixes = {rule.name: str(rule.queue_prefix) for rule in rules}
+    for name, prefix in prefixes.items():
+        if not 0 < len(prefix.encode()) <= 50 or prefix.lower().startswith("aldebaran."):
+            raise ConfigError(f"apps: {name}'s queue_prefix {prefix[:60]!r} must be 1-50 bytes "
+                              "and not start with 'Aldebaran.' (internal queue names do)")
+        for other, theirs in prefixes.items():
+            if other != name and theirs.startswith(prefix):
+                raise ConfigError(f"apps: {name}'s queue_prefix {prefix!r} starts {other}'s {theirs!r}: "
+                                  "their book queues could meet")

@@ -7,11 +7,17 @@ FIFO; closing pops whole groups from the head. No per-book heap entry, no tuple 
 
 Callers close before they offer (`close_due(stamp - ε)`, then `offer_many(.., stamp)`),
 as `Engine.cycle` does, so an open book is never past its deadline when offered to.
+
+A rule that raises on one event (or at one book's close) must not stall every other
+book: the error is caught per event, kept in `failures` for the caller to dead-letter
+and count, and the next event goes on. A repeat of a counted event id with other
+content is kept in `conflicts` (the first copy still wins).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
@@ -22,11 +28,25 @@ from aldebaran.core.rule import Alert, Rule
 
 
 class OpenBook(msgspec.Struct, gc=False):
-    """One key's state under a rule, the event ids it counted, and when it opened (epoch s)."""
+    """One key's state under a rule, the events it counted by id, and when it opened (epoch s)."""
 
     opened_at: float
     state: Any
-    seen: set[str]
+    seen: dict[str, Any]  # event id -> the copy counted (a small dict costs less than a set)
+
+
+@dataclass(slots=True)
+class RuleFailure:
+    """A rule raised: on `event` (None: at the book's close) of book `key` under `app`."""
+
+    app: str
+    key: str | None
+    event: Any
+    error: str  # "<exception type>: <message>"
+
+    @classmethod
+    def of(cls, app: str, key: str | None, event: Any, exc: Exception) -> "RuleFailure":
+        return cls(app, key, event, f"{type(exc).__name__}: {exc}")
 
 
 class BookStore:
@@ -39,6 +59,8 @@ class BookStore:
         self.retention = done_retention
         self.books: dict[str, dict[str, OpenBook]] = {name: {} for name in self.rules}
         self.done = DoneMarkers(done_cap)
+        self.failures: list[RuleFailure] = []  # the caller takes them (`take_failures`)
+        self.conflicts: list[tuple[str, str, str]] = []  # (app, key, event id) of conflicting repeats
         self._groups: dict[str, deque[tuple[float, list[str]]]] = {name: deque() for name in self.rules}
 
     def __len__(self) -> int:
@@ -53,30 +75,42 @@ class BookStore:
         group: list[str] | None = None
         applied = duplicate = late = 0
         for event in events:
-            key = key_of(event, at)
-            book = books.get(key)
-            if book is None:
-                if key in done:
+            key = None
+            try:  # free unless a rule raises (Python 3.11)
+                key = key_of(event, at)
+                book = books.get(key)
+                if book is None:
+                    if key in done:
+                        late += 1
+                        continue
+                    book = books[key] = OpenBook(at, new_state(key), {})
+                    if group is None:
+                        group = self._group(app, at + ttl)
+                    group.append(key)
+                elif at > book.opened_at + ttl:
                     late += 1
                     continue
-                book = books[key] = OpenBook(at, new_state(key), set())
-                if group is None:
-                    group = self._group(app, at + ttl)
-                group.append(key)
-            elif at > book.opened_at + ttl:
-                late += 1
-                continue
-            ident = event_id(event)
-            seen = book.seen
-            if ident in seen:
-                duplicate += 1
-                continue
-            seen.add(ident)
-            applied += 1
-            alerts = apply(book.state, event, now)
-            if alerts:
-                fired.extend(alerts)
+                ident = event_id(event)
+                seen = book.seen
+                counted = seen.get(ident)
+                if counted is not None:
+                    duplicate += 1
+                    if counted != event:
+                        self.conflicts.append((app, key, ident))
+                    continue
+                seen[ident] = event
+                applied += 1
+                alerts = apply(book.state, event, now)
+                if alerts:
+                    fired.extend(alerts)
+            except Exception as exc:  # noqa: BLE001 - one event's trouble must not stall the others
+                self.failures.append(RuleFailure.of(app, key, event, exc))
         return applied, duplicate, late
+
+    def take_failures(self) -> list[RuleFailure]:
+        """The rule failures since the last call (the caller dead-letters or logs them)."""
+        failures, self.failures = self.failures, []
+        return failures
 
     def _group(self, app: str, deadline: float) -> list[str]:
         groups = self._groups[app]
@@ -100,7 +134,11 @@ class BookStore:
                 keys = groups.popleft()[1]
                 for key in keys:
                     book = books.pop(key)
-                    fired = close(book.state, now)
+                    try:
+                        fired = close(book.state, now)
+                    except Exception as exc:  # noqa: BLE001 - the other books still close
+                        self.failures.append(RuleFailure.of(app, key, None, exc))
+                        continue
                     if fired:
                         alerts.extend(fired)
                 closed += keys

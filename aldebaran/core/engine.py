@@ -8,6 +8,10 @@ the unreadable elements (to dead-letter) and the write-ahead record of the cycle
 worker commits the record and the alerts before it acks the messages; after a crash
 the records, replayed through `replay`, rebuild the same books (docs/engine.md).
 
+A rule that raises on an event does so again on replay (the engine is deterministic), so
+retrying cannot help: the message is dead-lettered at once with the rule's error as its
+reason, its other events go on, and so does every other message of the cycle.
+
 No I/O, no clock reads: the stamp and `now` (the alerts' `detected_at`) are passed in.
 """
 
@@ -19,7 +23,7 @@ from datetime import datetime
 from typing import Any, Sequence
 
 from aldebaran.core.rule import Alert, Rule
-from aldebaran.core.book_store import BookStore
+from aldebaran.core.book_store import BookStore, RuleFailure
 from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_done, encode_record
 
 
@@ -36,6 +40,29 @@ class Cycle:
     duplicate: int = 0
     late: int = 0
     kinds: Counter[str] = field(default_factory=Counter)  # events consumed per event type
+    conflicts: list[tuple[str, str, str]] = field(default_factory=list)  # (app, key, event id)
+    close_failures: list[RuleFailure] = field(default_factory=list)  # a rule raised closing a book
+
+
+@dataclass(slots=True)
+class RuleReject:
+    """A message a rule raised on: dead-lettered whole (`raw` empty) with the rule's error."""
+
+    reason: str
+    app: str
+    failures: int
+    log_key: str  # what the worker's log throttle groups by: the application and the error type
+    raw: bytes = b""
+    index: int | None = None
+
+    @classmethod
+    def of(cls, failures: Sequence[RuleFailure]) -> "RuleReject":
+        first = failures[0]
+        where = f"book {first.key[:200]!r}" if first.key is not None else "its key"
+        more = f" (and {len(failures) - 1} more of its events)" if len(failures) > 1 else ""
+        reason = (f"application {first.app} failed on an event of this message at {where}{more}: "
+                  f"{first.error}; its other events counted")
+        return cls(reason[:1000], first.app, len(failures), f"{first.app}:{first.error.split(':')[0]}")
 
 
 class Engine:
@@ -66,22 +93,31 @@ class Engine:
         """Close what is due, then apply `messages` at `stamp_ms`; the record logs them."""
         out = Cycle(stamp_ms)
         out.alerts = self.close(stamp_ms, now)
+        out.close_failures = self.books.take_failures()
         if messages:
-            self._apply(messages, out, now, self.last_stamp_ms)
-            out.record = encode_record(WalRecord(self.last_stamp_ms, list(messages)))
+            # The record keeps the cycle's stamp and only the messages that held an event: the
+            # rest changes no book on replay, and a flood of junk (each message up to the
+            # broker's size limit) must not fill Redis.
+            logged = self._apply(messages, out, now, self.last_stamp_ms)
+            out.record = encode_record(WalRecord(self.last_stamp_ms, logged))
             self.wal.appended(self.last_stamp_ms)
+        out.conflicts, self.books.conflicts = self.books.conflicts, []
         return out
 
     def replay(self, record: WalRecord, now: datetime) -> None:
-        """Re-run a committed cycle after a crash; its alerts and rejects were handled then."""
+        """Re-run a committed cycle after a crash; its alerts, rejects and conflicts were handled then."""
         self.close(record.stamp_ms, now)
+        self.books.take_failures()
         self._apply(record.messages, Cycle(record.stamp_ms), now, record.stamp_ms)
+        self.books.conflicts.clear()
         self.wal.appended(record.stamp_ms)
 
-    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int) -> None:
+    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int) -> list[WalMessage]:
+        """Apply the messages' events; the messages that held any (what the log must keep)."""
         at = stamp_ms / 1000.0
         decode, dead_letters, max_bytes, rules = self.codec.decode, self.codec.dead_letters, self.max_bytes, self.rules
         offer_many, fired = self.books.offer_many, out.alerts
+        logged: list[WalMessage] = []
         for index, message in enumerate(messages):
             decoded = decode(message.body, message.content_type or None, max_bytes)
             if decoded.rejects:
@@ -89,6 +125,7 @@ class Engine:
             events = decoded.events
             if not events:
                 continue
+            logged.append(message)
             out.events += len(events)
             out.kinds.update(map(type, events))
             for rule in rules:
@@ -97,6 +134,9 @@ class Engine:
                 out.applied += applied
                 out.duplicate += duplicate
                 out.late += late
+            if self.books.failures:
+                out.rejects.append((index, RuleReject.of(self.books.take_failures())))
+        return logged
 
     def restore_done(self, image: DoneImage) -> None:
         """Start from the done markers of the last compaction (before replaying the log)."""

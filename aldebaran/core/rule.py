@@ -6,12 +6,38 @@ core owns everything else (queues, dedup by event id, book lifetimes, crash reco
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any, Generic, Protocol, Sequence, TypeVar
 
 import msgspec
 
 State = TypeVar("State")
+# An alert id travels as the AMQP `message_id` (a short string: at most 255 bytes), a
+# Redis key and an HTTP header. `trade_limits` ids fit (`<kind>:<id of <= 200 bytes>`);
+# an application keyed by a free-text label (a client name of 200 emoji) would not.
+MAX_ALERT_ID_BYTES = 255
+_KEPT_BYTES = 180  # the readable head of a shortened id; with `#` and 64 hex digits: 245
+
+
+def bounded_alert_id(alert_id: str) -> str:
+    """The alert id itself when every transport can carry it, else a shortened form.
+
+    Over 255 bytes of UTF-8 (or not encodable as UTF-8), the id becomes its first 180
+    bytes, `#` and the SHA-256 of the whole id: deterministic, so an alert keeps one id in
+    every mode and after every restart, and distinct ids stay distinct.
+    """
+    if len(alert_id) <= MAX_ALERT_ID_BYTES // 4 and alert_id.isascii():
+        return alert_id
+    try:
+        raw = alert_id.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no transport takes it as it is
+        raw = alert_id.encode("utf-8", "surrogatepass")
+    else:
+        if len(raw) <= MAX_ALERT_ID_BYTES:
+            return alert_id
+    head = raw[:_KEPT_BYTES].decode("utf-8", "ignore")  # cut at a character boundary
+    return f"{head}#{hashlib.sha256(raw).hexdigest()}"
 Event = Any  # a rule's own event type (msgspec Structs in practice)
 
 
@@ -23,6 +49,12 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True):
     key: str
     detected_at: str
     fields: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        # Bounded at birth: no rule can make an id that a message_id or a header refuses.
+        bounded = bounded_alert_id(self.alert_id)
+        if bounded is not self.alert_id:
+            msgspec.structs.force_setattr(self, "alert_id", bounded)
 
     def to_json(self) -> bytes:
         """The wire form: a flat JSON object (CONTRACT §3)."""
