@@ -102,7 +102,7 @@ def _table(info: dict[str, Any]) -> Any:
     """The console's verdict: one column per deployment, the findings and what was skipped."""
     from rich.table import Table
 
-    from spark_analytics.stats import FINDINGS, JUNK
+    from spark_analytics.stats import FINDINGS, JUNK_TOTAL
 
     table = Table(title=f"audit: {info['verdict']} ({info['audit_seconds']} s, "
                         f"{info['trade_events_per_s']:,} trade events/s)")
@@ -112,7 +112,7 @@ def _table(info: dict[str, Any]) -> Any:
         table.add_column(v, justify="right")
     rows = [("verdict", lambda d: d["verdict"]), ("trade events", lambda d: f"{d['counts']['trade_events_decoded']:,}")]
     rows += [(k, lambda d, k=k: str(d["counts"][k])) for k in FINDINGS]
-    rows += [("junk skipped", lambda d: str(sum(d["counts"].get(k, 0) for k in JUNK))),
+    rows += [("junk skipped", lambda d: str(sum(d["counts"].get(k, 0) for k in JUNK_TOTAL))),
              ("unaudited windows", lambda d: str(len(d["unaudited_windows"])))]
     for name, cell in rows:
         table.add_row(name, *[cell(d) for d in deployments.values()])

@@ -25,8 +25,8 @@ def _crossing(purchases: Column, requested: Column) -> Column:
     def step(acc: Column, e: Column) -> Column:
         total = F.least(acc["s"] + e["shares"], F.lit(SUM_CAP))
         crossed = acc["x"].isNull() & requested.isNotNull() & (total > requested)
-        return F.struct(total.alias("s"), F.when(crossed, F.struct(e["ts"].alias("ts"), e["event_id"].alias("event_id")))
-                        .otherwise(acc["x"]).alias("x"))
+        here = F.struct(e["ts"].alias("ts"), e["event_id"].alias("event_id"))
+        return F.struct(total.alias("s"), F.when(crossed, here).otherwise(acc["x"]).alias("x"))
     return F.aggregate(purchases, start, step)
 
 
@@ -34,7 +34,8 @@ def books(events: DataFrame, book_ttl_ms: int) -> DataFrame:
     """`events` (vhost, order_id, etype, event_id, ts, idx, shares; copies included) to one
     row per (vhost, order): its book window, request, in-book purchases, expected alert.
 
-    Columns: vhost, order_id, events (distinct), copies (as published), first_ts, close_ts, requested_shares, request_ts, purchased_shares,
+    Columns: vhost, order_id, events (distinct), copies (as published), first_ts, close_ts,
+    requested_shares, request_ts, purchased_shares,
     purchase_count, late_events, expected_kind, expected_ts (trigger time), trigger_event,
     edge_ms (how close an event came to the book's close; near-ties are not judged).
     """
@@ -50,7 +51,8 @@ def books(events: DataFrame, book_ttl_ms: int) -> DataFrame:
     per = per.select("vhost", "order_id", "copies", F.size("distinct").alias("events"), timeline.alias("evs"))
     first_ts = F.col("evs")[0]["ts"]
     close = first_ts + F.lit(book_ttl_ms)
-    per = per.select("vhost", "order_id", "evs", "events", "copies", first_ts.alias("first_ts"), close.alias("close_ts"))
+    per = per.select("vhost", "order_id", "evs", "events", "copies", first_ts.alias("first_ts"),
+                     close.alias("close_ts"))
     # Each array is computed once and named: later steps read the column, not the function.
     per = per.select("*", F.filter("evs", lambda e: e["ts"] < F.col("close_ts")).alias("inbook"))
     per = per.select("*", F.get(F.filter("inbook", lambda e: e["etype"] == "request"), 0).alias("request"))

@@ -19,7 +19,7 @@ element (a 1000-event batch, 1000 rows), every other record one row. Columns:
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_analytics import traces, wire
@@ -47,7 +47,8 @@ def _records(raw_df: DataFrame, max_bytes: int) -> DataFrame:
         F.when(corrupt, "corrupt").when(is_trade, "trade").when(is_alert, "alert").when(is_delivery, "delivery")
         .otherwise(kind).alias("kind"),
         "ts", "start", "end", "interval", "reason", "content_type", message_id, "redelivered", "trace_redelivered",
-        F.when(is_alert | is_delivery, F.col("fp1")).alias("fp1"), F.when(is_alert | is_delivery, F.col("fp2")).alias("fp2"),
+        F.when(is_alert | is_delivery, F.col("fp1")).alias("fp1"),
+        F.when(is_alert | is_delivery, F.col("fp2")).alias("fp2"),
         F.when(is_delivery, F.expr(f"substring(queue, {len(wire.CHANNEL_PREFIX) + 1})")).alias("channel"),
         F.when(is_trade | is_alert | is_delivery, wire.body_bytes()).alias("raw"))
     # Each column below reads `raw` and `text` once per record (no repeated decoding).

@@ -13,7 +13,7 @@ import io
 from datetime import datetime, timezone
 from typing import Any
 
-from spark_analytics.stats import FINDINGS, JUNK
+from spark_analytics.stats import FINDINGS, JUNK, JUNK_TOTAL
 
 e = html.escape
 COLOUR = {"clean": "#2e7d32", "unaudited": "#ef6c00", "discrepancies": "#c62828"}
@@ -80,7 +80,7 @@ def _deployments_table(info: dict[str, Any]) -> str:
         c = d["counts"]
         cells = "".join(f"<td class='{'bad' if key in FINDINGS and c.get(key) else ''}'>{c.get(key, 0):,}</td>"
                         for _, key in COLUMNS)
-        junk = sum(c.get(k, 0) for k in JUNK)
+        junk = sum(c.get(k, 0) for k in JUNK_TOTAL)
         rows.append(f"<tr><td><a href='#d-{e(v)}'>{e(v)}</a></td><td style='color:{COLOUR[d['verdict']]}'>"
                     f"{e(d['verdict'])}</td>{cells}<td>{junk:,}</td><td>{len(d['unaudited_windows'])}</td></tr>")
     body = "".join(rows) or f"<tr><td colspan={len(COLUMNS) + 4}>no deployment in the traces</td></tr>"
@@ -92,7 +92,7 @@ def _latency_table(info: dict[str, Any]) -> str:
     rows = [f"<tr><td>{e(v)}</td><td>{e(k)}</td><td>{s['count']:,}</td><td>{s['p50']}</td><td>{s['p95']}</td>"
             f"<td>{s['p99']}</td><td>{s['max']}</td></tr>"
             for v, d in [("every deployment", info)] + [(v, d) for v, d in info["deployments"].items()]
-            for k, s in d["latency_ms"].items()]
+            for k, s in sorted(d["latency_ms"].items(), key=lambda kv: (kv[0] != "all", kv[0]))]
     return ("<table><tr><th>deployment</th><th>kind</th><th>alerts</th><th>p50</th><th>p95</th><th>p99</th>"
             f"<th>max</th></tr>{''.join(rows)}</table>")
 
@@ -122,7 +122,8 @@ def _section(vhost: str, d: dict[str, Any], findings: list[dict[str, Any]], per_
         or "<tr><td colspan=4>none: every moment of the window was recorded</td></tr>"
     junk = "".join(f"<tr><td>{e(k)}</td><td>{c.get(k, 0):,}</td></tr>" for k in JUNK)
     every = "".join(f"<tr><td>{e(k)}</td><td>{v:,}</td></tr>" for k, v in sorted(c.items()))
-    return f"""<h2 id="d-{e(vhost)}">Deployment {e(vhost)}: <span style="color:{COLOUR[d['verdict']]}">{e(d['verdict'])}</span></h2>
+    verdict = f"<span style='color:{COLOUR[d['verdict']]}'>{e(d['verdict'])}</span>"
+    return f"""<h2 id="d-{e(vhost)}">Deployment {e(vhost)}: {verdict}</h2>
 <h3>Findings by kind</h3>{_findings(vhost, d, findings, per_kind)}
 <h3>Unaudited windows (no verdict)</h3>
 <table><tr><th>start</th><th>end</th><th>seconds</th><th>reason</th></tr>{gaps}</table>
@@ -147,7 +148,7 @@ def render(info: dict[str, Any], findings: list[dict[str, Any]], bins: list[tupl
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Aldebaran audit: {e(info['verdict'])}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1200px; }}
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }}
 .verdict {{ font-size: 1.6em; color: white; background: {COLOUR[info['verdict']]}; padding: .4em .8em;
   border-radius: 6px; display: inline-block; }}
 table {{ border-collapse: collapse; margin: .5em 0 1.2em; }}

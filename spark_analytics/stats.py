@@ -17,7 +17,10 @@ FINDINGS = ("missed", "duplicate", "spurious", "late", "channel_missed", "channe
 # What the pipeline dead-letters (or never sent) and the audit skips, counted per deployment.
 JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected",
         "alert_unreadable", "delivery_unreadable")
-RECORD_COUNTS = ("trace_records", "trade_messages", "msgpack_messages", "alert_messages", "channel_deliveries", "channel_redeliveries",
+# What "junk skipped" adds up: each skipped message or element once (the other JUNK counts are reasons).
+JUNK_TOTAL = ("trade_unreadable", "trade_elements_rejected", "alert_unreadable", "delivery_unreadable")
+RECORD_COUNTS = ("trace_records", "trade_messages", "msgpack_messages", "alert_messages", "channel_deliveries",
+                 "channel_redeliveries",
                  "trace_rerecorded", *JUNK)
 
 
@@ -41,7 +44,8 @@ def record_counts(slim: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     message = trade & (idx.isNull() | (idx == 0))  # a trade message's first (or only) row
     aggs = {
         "trace_records": _sum(kind.isin("alert", "delivery", "publish", "deliver") | message),
-        "trade_messages": _sum(message), "alert_messages": _sum(alert), "msgpack_messages": _sum(F.col("packed").isNotNull()),
+        "trade_messages": _sum(message), "alert_messages": _sum(alert),
+        "msgpack_messages": _sum(F.col("packed").isNotNull()),
         "channel_deliveries": _sum(delivery & F.col("alert_id").isNotNull()),
         "channel_redeliveries": _sum(delivery & F.col("alert_id").isNotNull() & F.col("redelivered")),
         "trace_rerecorded": _sum(F.coalesce(F.col("trace_redelivered"), F.lit(False)) & ~(trade & (idx > 0))),
@@ -59,7 +63,8 @@ def record_counts(slim: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     packed = {}
     if any(r["msgpack_messages"] for r in rows):  # the Arrow UDF's Python workers start only when needed
         packed = {r["vhost"]: r for r in records.msgpack_elements(slim).groupBy("vhost").agg(
-            _sum(idx.isNull()).alias("unreadable"), _sum(idx.isNotNull() & ~F.col("valid")).alias("rejected")).collect()}
+            _sum(idx.isNull()).alias("unreadable"),
+            _sum(idx.isNotNull() & ~F.col("valid")).alias("rejected")).collect()}
     out: dict[str, dict[str, int]] = {}
     corrupt = shared_last = 0
     for r in rows:
@@ -78,7 +83,8 @@ def record_counts(slim: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
 
 
 def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataFrame, per_order: DataFrame,
-                  per_channel: DataFrame, findings: DataFrame, channels: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+                  per_channel: DataFrame, findings: DataFrame,
+                  channels: dict[str, list[str]]) -> dict[str, dict[str, int]]:
     """`base` (record counts) plus events, orders, alerts, verdicts and findings per vhost."""
     counts = {v: dict(c) for v, c in base.items()}
     for r in books.groupBy("vhost").agg(
@@ -92,7 +98,8 @@ def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataF
         counts[r["vhost"]][f"verdict_{r['verdict']}"] = int(r["count"])
     for r in per_channel.where(F.col("verdict") != "ok").groupBy("vhost", "verdict").count().collect():
         counts[r["vhost"]][f"channel_verdict_{r['verdict']}"] = int(r["count"])
-    by_kind = {(r["vhost"], r["finding"]): int(r["count"]) for r in findings.groupBy("vhost", "finding").count().collect()}
+    by_kind = {(r["vhost"], r["finding"]): int(r["count"])
+               for r in findings.groupBy("vhost", "finding").count().collect()}
     for v, c in counts.items():
         for key in ("trade_events_decoded", "distinct_events", "orders", "expected_alerts", "alert_publishes"):
             c.setdefault(key, 0)

@@ -256,7 +256,8 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--start", default="2026-11-21T00:00:00+00:00")
     parser.add_argument("--batch", type=int, default=1, help="trade events per message (default 1)")
-    parser.add_argument("--alert-batch", type=int, default=None, help="alerts per message (default 1, 100 with --batch)")
+    parser.add_argument("--alert-batch", type=int, default=None,
+                        help="alerts per message (default 1, 100 with --batch)")
     parser.add_argument("--rate", type=float, default=300.0, help="trade events per second of trace time")
     parser.add_argument("--vhost", default="/", help="the deployment the records belong to")
     parser.add_argument("--seed", type=int, default=7)
