@@ -22,5 +22,5 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     opts = options_from(args, book_ttl_default=settings.book_ttl_seconds)
     if not args.channel:
         opts.channels = [c.name for c in settings.channels]
-    code, _ = run(opts, args.master, args.out, args.allow_gaps)
+    code, _ = run(opts, args.master, args.out, args.allow_gaps, memory=args.driver_memory)
     return code

@@ -2,27 +2,51 @@
 
 A recorder that crashed and never came back writes no marker; its silence is found by
 heartbeat spacing (more than `silence_factor` intervals between consecutive signs of
-life) and by the audit window's edges not being covered.
+life) and by the audit window's edges not being covered. Per deployment (vhost): each
+has its own recorder. Heartbeats and gap markers written without a vhost (older
+recorders) count for every deployment.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from collections import defaultdict
+
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+Window = tuple[int, int, str]
 
-def unaudited_windows(traces: DataFrame, since_ms: int | None, until_ms: int | None,
-                      silence_factor: float = 3.0, default_interval_s: float = 10.0) -> list[tuple[int, int, str]]:
-    """Merged [start, end, reason] windows (epoch ms) inside [since, until]."""
-    marked = [(r["start"], r["end"], r["reason"] or "recorder gap")
-              for r in traces.where(F.col("kind") == "gap").select("start", "end", "reason").collect()]
-    beats = traces.where(F.col("kind") == "heartbeat")
-    interval_s = beats.agg(F.max("interval")).first()[0] or default_interval_s
-    # Signs of life: heartbeats and every traced record, bucketed per second (small to collect).
-    life = sorted(r[0] * 1000 for r in traces.where(F.col("kind").isin("heartbeat", "publish", "deliver"))
-                  .select((F.col("ts") / 1000).cast("long").alias("s")).distinct().collect())
+
+def unaudited_windows(slim: DataFrame, vhosts: list[str], since_ms: int | None, until_ms: int | None,
+                      silence_factor: float = 3.0, default_interval_s: float = 10.0) -> dict[str, list[Window]]:
+    """Merged [start, end, reason] windows (epoch ms) inside [since, until], per vhost."""
+    kind = F.col("kind")
+    # One job: gap markers, heartbeat intervals, and signs of life (heartbeats and every
+    # traced record) bucketed per second (small to collect).
+    rows = (slim.where((kind != "corrupt") & (F.col("ts").isNotNull() | (kind == "gap")))
+            .select("vhost", (kind == "gap").alias("gap"), F.when(kind != "gap", (F.col("ts") / 1000).cast("long"))
+                    .alias("s"), "start", "end", "reason", F.when(kind == "heartbeat", F.col("interval")).alias("i"))
+            .distinct().collect())
+    marked = [(r["vhost"], r["start"], r["end"], r["reason"] or "recorder gap") for r in rows if r["gap"]]
+    beats: dict[str | None, float] = {}
+    seconds: dict[str | None, list[int]] = defaultdict(list)
+    for r in rows:
+        if not r["gap"]:
+            seconds[r["vhost"]].append(r["s"] * 1000)
+            if r["i"] is not None:
+                beats[r["vhost"]] = max(beats.get(r["vhost"], 0.0), r["i"])
+    out = {}
+    for v in vhosts:
+        life = sorted(set(seconds.get(v, [])) | set(seconds.get(None, [])))
+        mine = [(s, e, why) for vv, s, e, why in marked if vv in (v, None)]
+        interval_s = beats.get(v) or beats.get(None) or default_interval_s
+        out[v] = _windows(life, mine, silence_factor * interval_s * 1000, since_ms, until_ms)
+    return out
+
+
+def _windows(life: list[int], marked: list[Window], allowed: float, since_ms: int | None,
+             until_ms: int | None) -> list[Window]:
     windows = list(marked)
-    allowed = silence_factor * interval_s * 1000
     for a, b in zip(life, life[1:]):
         covered = any(s - 1000 <= a and e + 1000 >= b for s, e, _ in marked)
         if b - a > allowed and not covered:
@@ -37,8 +61,8 @@ def unaudited_windows(traces: DataFrame, since_ms: int | None, until_ms: int | N
     return merge(windows)
 
 
-def merge(windows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
-    out: list[tuple[int, int, str]] = []
+def merge(windows: list[Window]) -> list[Window]:
+    out: list[Window] = []
     for start, end, reason in sorted(windows):
         if out and start <= out[-1][1]:
             s, e, r = out[-1]
@@ -48,9 +72,13 @@ def merge(windows: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     return out
 
 
-def overlaps_any(start, end, windows: list[tuple[int, int, str]]):  # noqa: ANN001, ANN201 - Columns
-    """A Column: does [start, end] touch any window? (windows are few; an OR chain is fine)."""
+def overlaps_any(vhost: Column, start: Column, end: Column, windows: dict[str, list[Window]]) -> Column:
+    """A Column: does [start, end] touch any of its deployment's windows? (windows are few)."""
     cond = F.lit(False)
-    for s, e, _ in windows:
-        cond = cond | ((start <= F.lit(e)) & (end >= F.lit(s)))
+    for v, spans in windows.items():
+        touch = F.lit(False)
+        for s, e, _ in spans:
+            touch = touch | ((start <= F.lit(e)) & (end >= F.lit(s)))
+        if spans:
+            cond = cond | ((vhost == F.lit(v)) & touch)
     return cond

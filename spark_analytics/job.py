@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--until", help="end of the judged window, exclusive")
     parser.add_argument("--yesterday", action="store_true", help="judge the previous UTC day")
     parser.add_argument("--master", help="Spark master URL (default local[2], or spark-submit's)")
+    parser.add_argument("--driver-memory", default="2g",
+                        help="Spark driver heap (local mode: all of Spark's memory; default 2g)")
     parser.add_argument("--out", help="output directory (default: TRACES/_audit/<window>)")
     parser.add_argument("--book-ttl", type=float, default=None, help="book lifetime in seconds (default 60)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds an alert may take before it is missed")
@@ -42,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttl-tolerance", type=float, default=2.0,
                         help="orders with an event this close (s) to their book's close get no verdict")
     parser.add_argument("--channel", action="append", default=[], help="a channel that must get every alert")
+    parser.add_argument("--vhost", action="append", default=[],
+                        help="judge only this deployment (RabbitMQ vhost; repeatable; default: every one traced)")
     parser.add_argument("--allow-gaps", action="store_true", help="exit 0 when the only problem is gaps")
 
 
@@ -55,14 +59,14 @@ def options_from(args: argparse.Namespace, book_ttl_default: float = 60.0) -> Au
     return AuditOptions(traces_dir=args.traces, since_ms=since, until_ms=until,
                         book_ttl_s=args.book_ttl if args.book_ttl is not None else book_ttl_default,
                         grace_s=args.grace, late_after_s=args.late_after, delivery_grace_s=args.delivery_grace,
-                        ttl_tolerance_s=args.ttl_tolerance, channels=list(args.channel))
+                        ttl_tolerance_s=args.ttl_tolerance, channels=list(args.channel),
+                        vhosts=list(args.vhost))
 
 
 def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: bool = False,
-        spark: Any = None) -> tuple[int, dict[str, Any]]:
+        spark: Any = None, memory: str = "2g") -> tuple[int, dict[str, Any]]:
     """Run the audit with console progress; returns (exit status, summary)."""
     from rich.console import Console
-    from rich.table import Table
 
     from spark_analytics import report
     from spark_analytics.audit import run_audit
@@ -72,7 +76,7 @@ def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: boo
     with console.status("starting Spark") as status:
         if spark is None:
             from spark_analytics.session import spark_session
-            spark = spark_session(master)
+            spark = spark_session(master, memory=memory)
 
         def step(text: str) -> None:
             console.log(f"[bold]audit[/]: {text}")
@@ -84,25 +88,42 @@ def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: boo
             out = str(Path(opts.traces_dir) / "_audit" / label)
         step(f"writing Parquet, summary.json and report.html to {out}")
         paths = report.write_outputs(result, info, out)
+        spark.catalog.clearCache()  # a shared session (tests, notebooks) gets its memory back
     info["audit_seconds"] = round(time.monotonic() - started, 2)
+    info["trade_events_per_s"] = round(info["counts"]["trade_events_decoded"] / max(info["audit_seconds"], 1e-3))
     Path(paths["summary"]).write_text(json.dumps(info, indent=2))  # with the final run time
-    table = Table(title=f"audit: {info['verdict']}")
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    for key in ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate", "channel_spurious"):
-        table.add_row(key, str(info["counts"][key]))
-    table.add_row("unaudited windows", str(len(info["unaudited_windows"])))
-    console.print(table)
+    console.print(_table(info))
     console.print(f"report: {paths['report']}")
     clean = info["verdict"] == "clean" or (allow_gaps and info["verdict"] == "unaudited")
     return (0 if clean else 1), info
+
+
+def _table(info: dict[str, Any]) -> Any:
+    """The console's verdict: one column per deployment, the findings and what was skipped."""
+    from rich.table import Table
+
+    from spark_analytics.stats import FINDINGS, JUNK_TOTAL
+
+    table = Table(title=f"audit: {info['verdict']} ({info['audit_seconds']} s, "
+                        f"{info['trade_events_per_s']:,} trade events/s)")
+    table.add_column("what")
+    deployments = info["deployments"]
+    for v in deployments:
+        table.add_column(v, justify="right")
+    rows = [("verdict", lambda d: d["verdict"]), ("trade events", lambda d: f"{d['counts']['trade_events_decoded']:,}")]
+    rows += [(k, lambda d, k=k: str(d["counts"][k])) for k in FINDINGS]
+    rows += [("junk skipped", lambda d: str(sum(d["counts"].get(k, 0) for k in JUNK_TOTAL))),
+             ("unaudited windows", lambda d: str(len(d["unaudited_windows"])))]
+    for name, cell in rows:
+        table.add_row(name, *[cell(d) for d in deployments.values()])
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spark_analytics", description="Audit alerts against firehose traces.")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    code, _ = run(options_from(args), args.master, args.out, args.allow_gaps)
+    code, _ = run(options_from(args), args.master, args.out, args.allow_gaps, memory=args.driver_memory)
     return code
 
 

@@ -17,3 +17,4 @@ class AuditOptions:
     ttl_tolerance_s: float = 2.0
     channels: list[str] = field(default_factory=list)
     max_message_bytes: int = 1 << 20
+    vhosts: list[str] = field(default_factory=list)  # judge only these deployments (default: every one traced)

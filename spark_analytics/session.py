@@ -8,11 +8,11 @@ import sys
 from pyspark.sql import SparkSession
 
 
-def spark_session(master: str | None = None, app_name: str = "aldebaran-audit") -> SparkSession:
+def spark_session(master: str | None = None, app_name: str = "aldebaran-audit", memory: str = "2g") -> SparkSession:
     """Local runs bind to 127.0.0.1 (the hostname resolves oddly) and keep the UI off.
 
     `master=None` keeps whatever spark-submit configured (a cluster); locally it is
-    `local[2]`.
+    `local[2]`. `memory` is the driver's heap (in local mode, the executors' too).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must see the same packages as the driver (msgspec for msgpack).
@@ -24,7 +24,11 @@ def spark_session(master: str | None = None, app_name: str = "aldebaran-audit") 
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
-        .config("spark.driver.memory", "2g")
+        .config("spark.driver.memory", memory)
+        # An audit never stops on a value: every conversion here is checked explicitly, and
+        # ANSI mode would turn a stray one into a failed job instead of a counted reject.
+        .config("spark.sql.ansi.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
     if master:
         builder = builder.master(master)

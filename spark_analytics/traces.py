@@ -1,11 +1,15 @@
-"""Reading the recorder's JSON lines: an explicit schema, hour pruning, re-recorded copies.
+"""Reading the recorder's JSON lines: an explicit schema, hour pruning, damage counted.
 
 The schema mirrors `workers/tracer.py`'s record format but is written out here on
-purpose: the audit does not import the streaming code.
+purpose: the audit does not import the streaming code. Damage never stops the job: a
+line that is not a JSON record (half-written, garbage, bytes that are not UTF-8) becomes a
+`_corrupt_record` row that is counted and dropped, and a part file whose gzip stream
+breaks off is read up to the break (`ignoreCorruptFiles`) and listed with the bytes lost.
 """
 
 from __future__ import annotations
 
+import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -13,9 +17,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+CORRUPT = "_corrupt_record"
+
+# Nested fields are strings: a type mismatch deep in a record must not void the record.
+HEADERS = T.StructType([T.StructField(name, T.StringType()) for name in ("vhost", "connection", "channel")])
+
 TRACE_SCHEMA = T.StructType([
     T.StructField("kind", T.StringType()),          # publish | deliver | heartbeat | gap
     T.StructField("ts", T.LongType()),              # epoch milliseconds
+    T.StructField("vhost", T.StringType()),         # the deployment (recorder >= issue 21; else in headers)
     T.StructField("exchange", T.StringType()),
     T.StructField("queue", T.StringType()),
     T.StructField("redelivered", T.BooleanType()),
@@ -28,7 +38,8 @@ TRACE_SCHEMA = T.StructType([
     T.StructField("end", T.LongType()),
     T.StructField("interval", T.DoubleType()),
     T.StructField("reason", T.StringType()),
-    T.StructField("headers", T.StringType()),       # the firehose headers, as JSON text
+    T.StructField("headers", HEADERS),              # the firehose headers the audit uses
+    T.StructField(CORRUPT, T.StringType()),
 ])
 
 
@@ -51,43 +62,94 @@ def hour_paths(root: str, since_ms: int | None, until_ms: int | None) -> list[st
     return keep
 
 
-def read_traces(spark: SparkSession, root: str, since_ms: int | None = None,
-                until_ms: int | None = None) -> DataFrame:
-    """Every record in [since, until] (gaps by overlap), copies re-recorded after a crash removed."""
-    paths = [p for p in hour_paths(root, since_ms, until_ms) if any(Path(p).glob("*.jsonl.gz"))]
-    if not paths:
+def part_files(root: str, since_ms: int | None = None, until_ms: int | None = None) -> list[str]:
+    """Every part file of the hours that can hold [since, until]."""
+    return sorted(str(f) for p in hour_paths(root, since_ms, until_ms) for f in Path(p).glob("*.jsonl.gz"))
+
+
+def read_raw(spark: SparkSession, files: list[str], since_ms: int | None = None,
+             until_ms: int | None = None) -> DataFrame:
+    """Every record in [since, until] (gaps by overlap) plus every unreadable line (`_corrupt_record`)."""
+    if not files:
         return spark.createDataFrame([], TRACE_SCHEMA)
-    # A recorder killed in the middle of a write leaves a torn last gzip member. Its records
-    # were never acked (the recorder acks after fsync), so the broker re-delivers them to the
-    # next recorder; a torn tail must not fail the whole job ("FAILED_READ_FILE"), and the
-    # members before it must still be read: ignoreCorruptFiles keeps every row read before
-    # the error and skips only the rest of that one file. (A restarted recorder truncates
-    # torn tails of its dead predecessors' files: workers/tracer.py, repair_torn_parts.)
-    df = (spark.read.schema(TRACE_SCHEMA).option("mode", "PERMISSIVE").option("ignoreCorruptFiles", "true")
-          .json([f"{p}/*.jsonl.gz" for p in paths]))
+    # A recorder killed in the middle of a write leaves a torn last gzip member; its records
+    # were never acked, so the broker re-delivers them to the next recorder. ignoreCorruptFiles
+    # keeps every row read before the break and skips only the rest of that file
+    # (`torn_tails` counts what was skipped).
+    df = (spark.read.schema(TRACE_SCHEMA).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
+          .option("ignoreCorruptFiles", "true").json(files))
     lo = F.lit(since_ms if since_ms is not None else -(2**62))
     hi = F.lit(until_ms if until_ms is not None else 2**62)
     is_gap = F.col("kind") == "gap"
-    df = df.where((is_gap & (F.col("end") >= lo) & (F.col("start") <= hi))
-                  | (~is_gap & (F.col("ts") >= lo) & (F.col("ts") <= hi)))
-    return drop_rerecorded(df)
+    return df.where(F.col(CORRUPT).isNotNull()
+                    | (is_gap & (F.col("end") >= lo) & (F.col("start") <= hi))
+                    | (~is_gap & (F.col("ts") >= lo) & (F.col("ts") <= hi)))
+
+
+def complete_length(path: str, chunk: int = 1 << 20) -> int:
+    """How many leading bytes of a file are whole gzip members (streamed, nothing kept)."""
+    good = offset = 0
+    inflater = zlib.decompressobj(wbits=31)
+    pending = b""
+    with open(path, "rb") as fh:
+        while True:
+            if not pending:
+                pending = fh.read(chunk)
+                if not pending:
+                    return good
+            try:
+                inflater.decompress(pending, 0)
+            except zlib.error:
+                return good
+            if inflater.eof:
+                offset += len(pending) - len(inflater.unused_data)
+                good, pending = offset, inflater.unused_data
+                inflater = zlib.decompressobj(wbits=31)
+            else:
+                offset += len(pending)
+                pending = b""
+
+
+def _tail(path: str) -> tuple[str, int, int]:
+    size = Path(path).stat().st_size
+    return path, complete_length(path), size
+
+
+def torn_tails(spark: SparkSession, files: list[str], local_bytes: int = 64 << 20) -> list[tuple[str, int, int]]:
+    """(file, bytes read, size) of each part file that does not end with a whole gzip member.
+
+    Inflating is the cost, paid once per byte like Spark's own read: on the executors in
+    parallel, or here when the files are small (no job to schedule).
+    """
+    if not files:
+        return []
+    if sum(Path(f).stat().st_size for f in files) <= local_bytes:
+        tails = [_tail(f) for f in files]
+    else:
+        slices = max(1, min(len(files), spark.sparkContext.defaultParallelism * 2))
+        tails = spark.sparkContext.parallelize(files, slices).map(_tail).collect()
+    return [t for t in tails if t[1] < t[2]]
+
+
+def fingerprint(df: DataFrame) -> DataFrame:
+    """`fp1`, `fp2`: a 96-bit hash of what the broker sent; the same in a re-recorded copy.
+    (`records` keeps them for alert publishes and deliveries only.)"""
+    parts = [F.col(c) for c in ("kind", "exchange", "queue", "message_id", "redelivered", "body_b64")]
+    parts += [F.col("headers.connection"), F.col("headers.channel"), F.col("headers.vhost")]
+    return df.withColumn("fp1", F.xxhash64(*parts)).withColumn("fp2", F.hash(*parts))
 
 
 def drop_rerecorded(df: DataFrame) -> DataFrame:
     """A trace message written but not acked before a recorder crash comes back redelivered
-    and is written again; the copy has the same broker-side fingerprint, so keep one."""
-    fingerprint = ["kind", "exchange", "queue", "message_id", "redelivered", "body_b64", "headers"]
-    traced = df.where(F.col("kind").isin("publish", "deliver"))
-    fresh = traced.where(~F.coalesce(F.col("trace_redelivered"), F.lit(False)))
-    again = traced.where(F.coalesce(F.col("trace_redelivered"), F.lit(False)))
-    if not again.take(1):
-        return df
-    def fp(frame: DataFrame) -> DataFrame:
-        parts = [F.coalesce(F.col(c).cast("string"), F.lit("\u0000")) for c in fingerprint]
-        return frame.withColumn("_fp", F.sha2(F.concat_ws("\u0001", *parts), 256))
-    seen = fp(fresh).select("_fp").distinct()
+    and is written again; the copy has the same fingerprint, so keep one. Re-recorded rows
+    are few: they are matched against the fresh ones with broadcast joins, not a shuffle."""
+    fp = ["fp1", "fp2"]
+    again_flag = F.coalesce(F.col("trace_redelivered"), F.lit(False)) & F.col("fp1").isNotNull()
+    again = df.where(again_flag)
+    rest = df.where(~again_flag)
+    wanted = F.broadcast(again.select(*fp).distinct())
+    fresh_seen = F.broadcast(rest.join(wanted, fp, "left_semi").select(*fp).distinct())
     # One copy per fingerprint among the re-recorded ones too: a trace message can come back
-    # to more than one recorder (the successor killed again before its ack), and when the
-    # first recorder never wrote it there is no fresh copy to drop them against.
-    again = fp(again).join(seen, on="_fp", how="left_anti").dropDuplicates(["_fp"]).drop("_fp")
-    return df.where(~F.col("kind").isin("publish", "deliver")).unionByName(fresh).unionByName(again)
+    # to more than one recorder, and when the first never wrote it there is no fresh copy.
+    kept = again.join(fresh_seen, fp, "left_anti").dropDuplicates(fp)
+    return rest.unionByName(kept)

@@ -1,16 +1,22 @@
-"""Trade data and alerts decoded from traced bodies, re-implemented with Spark SQL.
+"""Trade data and alerts decoded from traced bodies with Spark SQL (msgpack: an Arrow UDF).
 
 CONTRACT §3: a JSON object, a JSON array of objects (each element judged alone), the
 design document's text form (`id:1`, `# shares: 100`, `initial order id: 1`, ...), and
 msgpack (content type `application/msgpack`). Every form is turned into an array of
-string maps with normalised keys, then validated once, so the three forms cannot drift.
+string maps, one per element, keys matched as the codec matches them, then validated by
+one set of column expressions, so the forms cannot drift.
+
+Nothing here raises on bad bytes: bodies that are not base64, not UTF-8, not any form,
+or over the size limit decode to no events and are counted by the caller.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Callable
 
-from pyspark.sql import Column, DataFrame
+import pandas as pd
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -20,38 +26,90 @@ CHANNEL_PREFIX = "Aldebaran.Channel."
 MSGPACK = "application/msgpack"
 MAX_SHARES = 10**15
 MAX_LABEL = 200
-KNOWN_KEYS = ["id", "#shares", "initialorderid", "client", "stock"]
+JSON_KEYS = ["id", "#shares", "initial_order_id", "client", "stock"]
+NORMAL_KEYS = ["id", "#shares", "initialorderid", "client", "stock"]
 
-_MAPS = T.ArrayType(T.MapType(T.StringType(), T.StringType()))
+_MAP = T.MapType(T.StringType(), T.StringType())
+_MAPS = T.ArrayType(_MAP)
+ALERT = T.StructType([T.StructField(name, T.StringType()) for name in ("alert_id", "kind", "order_id")])
 
-EVENT_COLUMNS = ["etype", "event_id", "order_id", "shares", "client", "stock", "ts"]
+
+def body_bytes() -> Column:
+    """The traced body; null when `body_b64` is missing or not base64."""
+    return F.try_to_binary(F.col("body_b64"), F.lit("base64"))
+
+
+def utf8_text(raw: Column) -> Column:
+    """The body as text when it is valid UTF-8, else null (never an error)."""
+    text = raw.cast("string")
+    return F.when(F.is_valid_utf8(text), text)
 
 
 def _norm(key: Column) -> Column:
-    return F.lower(F.regexp_replace(key, r"[\s_]", ""))
+    """A key as the codec compares it: lower case, no whitespace or underscores."""
+    return F.lower(F.translate(key, " _\t\r\n\f\u000b", ""))
+
+
+def _let(value: Column, body: Callable[[Column], Column]) -> Column:
+    """`body(value)` with `value` computed once (a one-element transform binds it to a name)."""
+    return F.get(F.transform(F.array(value), body), 0)
 
 
 def _text_form(text: Column) -> Column:
-    """`key: value` lines as one map, or null when a line has no ':' or a key is unknown/repeated."""
+    """`key: value` lines as one map (JSON key names), or null when a line has no ':' or a
+    key is unknown/repeated."""
     lines = F.filter(F.split(text, r"\r?\n"), lambda l: F.trim(l) != "")
     pairs = F.transform(lines, lambda l: F.struct(
         _norm(F.substring_index(l, ":", 1)).alias("k"),
-        F.trim(F.regexp_extract(l, r"^[^:]*:(.*)$", 1)).alias("v"),
+        F.trim(l.substr(F.instr(l, ":") + 1, F.lit(1 << 30))).alias("v"),
         F.instr(l, ":").alias("colon")))
-    keys = F.transform(pairs, lambda p: p["k"])
-    ok = ((F.size(lines) > 0)
-          & F.forall(pairs, lambda p: (p["colon"] > 0) & p["k"].isin(*KNOWN_KEYS))
-          & (F.size(F.array_distinct(keys)) == F.size(keys)))
-    as_map = F.map_from_entries(F.transform(pairs, lambda p: F.struct(p["k"], p["v"])))
-    return F.when(ok, F.array(as_map))
+
+    def judged(ps: Column) -> Column:
+        ok = ((F.size(ps) > 0)
+              & F.forall(ps, lambda p: (p["colon"] > 0) & p["k"].isin(*NORMAL_KEYS))
+              & (F.size(F.array_distinct(F.transform(ps, lambda p: p["k"]))) == F.size(ps)))
+        return F.when(ok, F.array(F.map_from_entries(F.transform(ps, lambda p: F.struct(_json_key(p["k"]), p["v"])))))
+    return _let(pairs, judged)
 
 
-def _normalise_keys(maps: Column) -> Column:
-    return F.transform(maps, lambda m: F.transform_keys(m, lambda k, v: _norm(k)))
+def _json_key(normal: Column) -> Column:
+    return F.when(normal == "initialorderid", F.lit("initial_order_id")).otherwise(normal)
 
 
-def _msgpack_maps(body: bytes | None) -> list[dict[str, str | None]] | None:
-    """msgpack bodies (python, run only on msgpack rows): values to the JSON path's strings."""
+def element_maps(text: Column) -> Column:
+    """array<map<string,string>>, one map per element (keys as the body wrote them); null when
+    the body is none of the forms. `element_fields` normalises the keys."""
+    s = F.ltrim(text)
+    return (F.when(s.startswith("{"), F.array_compact(F.array(F.from_json(s, _MAP))))
+            .when(s.startswith("["), F.from_json(s, _MAPS))
+            .otherwise(_text_form(s)))
+
+
+def canonical(m: Column) -> Column:
+    """The element's map with the codec's key matching (`# Shares` = `#shares`); a map whose
+    keys are already the JSON names (nearly all) is used as it is, without a lambda."""
+    plain = F.size(F.array_except(F.map_keys(m), F.array(*[F.lit(k) for k in JSON_KEYS]))) == 0
+    return F.when(plain, m).otherwise(F.transform_keys(m, lambda k, v: _json_key(_norm(k))))
+
+
+def element_fields(m: Column) -> list[Column]:
+    """valid, etype (request|purchase), event_id, order_id, shares of one element map (canonical keys)."""
+    def label_ok(c: Column, octets: bool = False) -> Column:
+        size = F.octet_length(c) if octets else F.length(c)
+        return c.isNotNull() & (F.length(F.trim(c)) > 0) & (size <= MAX_LABEL)
+    shares = F.trim(m["#shares"])
+    order = m["initial_order_id"]
+    valid = (label_ok(m["id"], True) & label_ok(m["client"]) & label_ok(m["stock"])
+             & shares.rlike(r"^[0-9]{1,16}$") & (shares.cast("long") > 0) & (shares.cast("long") <= MAX_SHARES)
+             & (order.isNull() | label_ok(order, True)))
+    return [F.coalesce(valid, F.lit(False)).alias("valid"),
+            F.when(valid, F.when(order.isNull(), "request").otherwise("purchase")).alias("etype"),
+            F.when(valid, m["id"]).alias("event_id"), F.when(valid, F.coalesce(order, m["id"])).alias("order_id"),
+            F.when(valid, shares.cast("long")).alias("shares")]
+
+
+def _msgpack_json(body: bytes) -> str | None:
+    """One msgpack body as the JSON text of its elements' maps, values as the JSON path reads them."""
     import msgspec
 
     def text(v: Any) -> str | None:
@@ -61,84 +119,39 @@ def _msgpack_maps(body: bytes | None) -> list[dict[str, str | None]] | None:
             return str(v)
         return None if v is None else "\u0000" + type(v).__name__
     try:
-        obj = msgspec.msgpack.decode(body or b"")
+        obj = msgspec.msgpack.decode(body)
+        items = obj if isinstance(obj, list) else [obj]
+        return json.dumps([{str(k): text(v) for k, v in item.items()} if isinstance(item, dict) else {"\u0000": None}
+                           for item in items])
     except Exception:  # noqa: BLE001 - unreadable: no events
         return None
-    items = obj if isinstance(obj, list) else [obj]
-    out = []
-    for item in items:
-        out.append({str(k): text(v) for k, v in item.items()} if isinstance(item, dict) else {"\u0000": None})
-    return out
 
 
-def trade_events(traces: DataFrame, max_message_bytes: int = 1 << 20) -> DataFrame:
-    """Valid trade events, one row per element: etype (request|purchase), ids, shares, ts."""
-    pubs = (traces.where((F.col("kind") == "publish") & (F.col("exchange") == TRADE_EXCHANGE))
-            .select("ts", "content_type", F.unbase64("body_b64").alias("raw")))
-    pubs = pubs.where(F.length("raw") <= max_message_bytes)
-    is_msgpack = F.coalesce(F.col("content_type") == MSGPACK, F.lit(False))
-
-    texts = pubs.where(~is_msgpack).select(
-        "ts", F.ltrim(F.decode("raw", "UTF-8")).alias("s"))
-    maps = F.when(F.col("s").startswith("{"), F.array(F.from_json("s", T.MapType(T.StringType(), T.StringType())))) \
-        .when(F.col("s").startswith("["), F.from_json("s", _MAPS)) \
-        .otherwise(_text_form(F.col("s")))
-    from_text = texts.select("ts", maps.alias("maps"))
-    packed = F.udf(_msgpack_maps, _MAPS)
-    from_msgpack = pubs.where(is_msgpack).select("ts", packed("raw").alias("maps"))
-
-    elements = (from_text.unionByName(from_msgpack)
-                .select("ts", F.explode(_normalise_keys(F.col("maps"))).alias("m")))
-    m = F.col("m")
-    shares_text = F.trim(m["#shares"])
-    label_ok = lambda c: c.isNotNull() & (F.length(F.trim(c)) > 0) & (F.length(c) <= MAX_LABEL)  # noqa: E731
-    valid = (label_ok(m["id"]) & label_ok(m["client"]) & label_ok(m["stock"])
-             & shares_text.rlike(r"^[0-9]{1,16}$")
-             & (m["initialorderid"].isNull() | label_ok(m["initialorderid"])))
-    events = elements.where(valid).select(
-        F.when(m["initialorderid"].isNull(), "request").otherwise("purchase").alias("etype"),
-        m["id"].alias("event_id"),
-        F.coalesce(m["initialorderid"], m["id"]).alias("order_id"),
-        shares_text.cast("long").alias("shares"),
-        m["client"].alias("client"), m["stock"].alias("stock"), "ts")
-    return events.where((F.col("shares") > 0) & (F.col("shares") <= MAX_SHARES))
+@F.pandas_udf(T.StringType())  # type: ignore[call-overload]
+def msgpack_as_json(bodies: pd.Series) -> pd.Series:
+    """Arrow batches of msgpack bodies to JSON text; only msgpack rows are ever sent here."""
+    return bodies.map(_msgpack_json, na_action="ignore")
 
 
-_ALERT_BATCH = T.ArrayType(T.StructType([T.StructField(name, T.StringType())
-                                          for name in ("alert_id", "kind", "order_id")]))
+def alerts_of(text: Column, message_id: Column) -> Column:
+    """array<ALERT> of one Aldebaran.Alert publish: one alert (alert_id: its message_id, else
+    the body's) or a batch, a JSON array of alert objects under a batch id (CONTRACT §3):
+    each element counts, so a copy of an alert inside another batch is a second publish."""
+    s = F.ltrim(text)
+    single = _let(F.from_json(s, ALERT), lambda one: F.array(F.struct(
+        F.coalesce(message_id, one["alert_id"]).alias("alert_id"), one["kind"].alias("kind"),
+        one["order_id"].alias("order_id"))))
+    # The body is read only for a batch or an alert without a message id (never, from the engine).
+    by_id = F.array(F.struct(message_id.alias("alert_id"), F.lit(None).cast("string").alias("kind"),
+                             F.lit(None).cast("string").alias("order_id")))
+    alerts = (F.when(F.coalesce(s.startswith("["), F.lit(False)), F.from_json(s, T.ArrayType(ALERT)))
+              .when(message_id.isNotNull(), by_id).otherwise(single))
+    return F.filter(alerts, lambda a: a["alert_id"].isNotNull())
 
 
-def alert_publishes(traces: DataFrame) -> DataFrame:
-    """Every alert published to Aldebaran.Alert, one row per alert: alert_id, kind, order.
-
-    A message is one alert object (alert_id: its message_id, else the body's) or a batch,
-    a JSON array of alert objects under a batch id (CONTRACT §3): each element is a row,
-    so a copy of an alert inside another batch counts as a second publish.
-    """
-    pubs = (traces.where((F.col("kind") == "publish") & (F.col("exchange") == ALERT_EXCHANGE))
-            .select("ts", "message_id", F.decode(F.unbase64("body_b64"), "UTF-8").alias("body")))
-    is_batch = F.ltrim("body").startswith("[")
-    single = pubs.where(~is_batch).select(
-        "ts", F.coalesce("message_id", F.get_json_object("body", "$.alert_id")).alias("alert_id"),
-        F.get_json_object("body", "$.kind").alias("kind"), F.get_json_object("body", "$.order_id").alias("order_id"))
-    batch = (pubs.where(is_batch).select("ts", F.explode(F.from_json("body", _ALERT_BATCH)).alias("a"))
-             .select("ts", "a.alert_id", "a.kind", "a.order_id"))
-    return single.unionByName(batch)
+def kind_of(alert_id: Column) -> Column:
+    return F.when(alert_id.contains(":"), F.substring_index(alert_id, ":", 1))
 
 
-def channel_deliveries(traces: DataFrame) -> DataFrame:
-    """Deliveries from Aldebaran.Channel.<name> (not their dead-letter queues), one row per alert:
-    the lookout hands a channel batches (a JSON array under a batch id) or single alerts."""
-    dels = (traces.where((F.col("kind") == "deliver") & F.col("queue").startswith(CHANNEL_PREFIX)
-                         & ~F.col("queue").endswith(".Dead_Letter"))
-            .select("ts", F.expr(f"substring(queue, {len(CHANNEL_PREFIX) + 1})").alias("channel"),
-                    "message_id", F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
-                    F.decode(F.unbase64("body_b64"), "UTF-8").alias("body")))
-    is_batch = F.ltrim("body").startswith("[")
-    single = dels.where(~is_batch).select(
-        "ts", "channel", F.coalesce("message_id", F.get_json_object("body", "$.alert_id")).alias("alert_id"),
-        "redelivered")
-    batch = (dels.where(is_batch).select("ts", "channel", "redelivered",
-                                          F.explode(F.from_json("body", _ALERT_BATCH)).alias("a"))
-             .select("ts", "channel", "a.alert_id", "redelivered"))
-    return single.unionByName(batch)
+def order_of(alert_id: Column) -> Column:
+    return F.when(alert_id.contains(":"), F.regexp_extract(alert_id, r"^[^:]*:(.*)$", 1))

@@ -68,3 +68,14 @@ def broker(vhost: services.Vhost, worker_env: dict[str, str]) -> Iterator[Broker
     connection.tap_alerts()
     yield connection
     connection.close()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local[2] SparkSession for every audit test of the run: it costs ~7 s to start."""
+    from spark_analytics.session import spark_session
+
+    session = spark_session("local[2]")
+    session.conf.set("spark.sql.shuffle.partitions", "2")  # tiny inputs: fewer, cheaper tasks
+    yield session
+    session.stop()

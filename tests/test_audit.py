@@ -1,6 +1,6 @@
 """The nightly audit: real recorded traces audited clean, injected faults found exactly, gaps.
 
-One SparkSession (local[2]) is shared by the module: it costs ~7 s to start.
+One SparkSession (local[2], the `spark` fixture in conftest) is shared by every audit test.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import gzip
 import json
 import shutil
 from pathlib import Path
-from typing import Iterator
 
 import aio_pika
 import msgspec
@@ -28,16 +27,6 @@ from workers.tracer import build, partition_dir
 pytestmark = pytest.mark.spark
 
 T0 = 1_795_000_000_000  # 2026-11-18T11:06:40Z, a fixed base for hand-made traces
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from spark_analytics.session import spark_session
-
-    session = spark_session("local[2]")
-    session.conf.set("spark.sql.shuffle.partitions", "2")  # tiny inputs: fewer, cheaper tasks
-    yield session
-    session.stop()
 
 
 # --- hand-made traces in the recorder's format --------------------------------------------

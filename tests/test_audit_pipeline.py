@@ -1,8 +1,9 @@
-"""The audit of a real pipeline run: `aldebaran up` with its tracer, a known stream, `aldebaran audit`."""
+"""The audit of a real pipeline run: `aldebaran up` with its tracer, a known stream with junk, `aldebaran audit`."""
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -41,6 +42,8 @@ def test_audit_of_a_real_run_is_clean(vhost, worker_env, tmp_path) -> None:
         broker.publish([Purchase("2", "1", 90, "Sendence", "AAPL"), Purchase("3", "1", 30, "Sendence", "AAPL")])
         broker.publish(stream.events, batch=25)
         broker.publish_raw(b"not a trade at all")
+        broker.publish_raw(b"\xff\xfeid:\xc3\x28 not UTF-8")  # what made the audit die (MALFORMED_CHARACTER_CODING)
+        broker.publish_raw(random.Random(5).randbytes(10 * 1024), "application/octet-stream")  # 10 kB of garbage
         expected = stream.expected | {"over_purchase:1"}
         alerts = collect_alerts(broker, expected=len(expected), timeout=90, settle=3)
         assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected}
@@ -66,3 +69,5 @@ def test_audit_of_a_real_run_is_clean(vhost, worker_env, tmp_path) -> None:
                if key in ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate",
                           "channel_spurious"))
     assert (out / "report.html").exists()
+    # The junk the pipeline dead-lettered is counted, not fatal: the two bytes bodies and the text.
+    assert (summary["counts"]["trade_not_utf8"], summary["counts"]["trade_unreadable"]) == (2, 3), summary["counts"]

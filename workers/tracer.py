@@ -86,7 +86,7 @@ def trace_record(routing_key: str, headers: dict[str, Any], body: bytes, ts_ms: 
         "redelivered": bool(plain.get("redelivered", 0)),
         "content_type": props.get("content_type"),
         "message_id": props.get("message_id"),
-        "node": plain.get("node"),
+        "node": plain.get("node"), "vhost": plain.get("vhost"),  # the deployment: audited on its own
         "headers": plain,
         "body_b64": base64.b64encode(body).decode("ascii"),
         "recorder": recorder,
@@ -321,8 +321,8 @@ class Tracer:
     def _gap(self, start: int, end: int, reason: str) -> None:
         if end > start:
             log.warning("unrecorded window", start=start, end=end, reason=reason)
-            self._extra.append({"kind": "gap", "ts": end, "start": start, "end": end,
-                                "reason": reason, "recorder": self.recorder})
+            self._extra.append({"kind": "gap", "ts": end, "start": start, "end": end, "reason": reason,
+                                "recorder": self.recorder, "vhost": self.firehose.vhost})
 
     async def run(self, life: Lifecycle) -> None:
         started = now_ms()
@@ -350,14 +350,14 @@ class Tracer:
             connection.reconnect_callbacks.add(self._on_reconnect)
             await queue.consume(self._on_message)
             self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                "recorder": self.recorder, "event": "start"})
+                                "recorder": self.recorder, "vhost": self.firehose.vhost, "event": "start"})
             await self.flush()
             life.ready()
             log.info("recording", dir=str(self.root), bindings=list(self.bindings), backlog=backlog)
             await self._loop(life)
         finally:
             self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                "recorder": self.recorder, "event": "stop"})
+                                "recorder": self.recorder, "vhost": self.firehose.vhost, "event": "stop"})
             try:
                 await self.flush()
             finally:
@@ -379,14 +379,14 @@ class Tracer:
             if now >= next_beat:
                 next_beat = now + self.heartbeat_seconds
                 self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                    "recorder": self.recorder})
+                                    "recorder": self.recorder, "vhost": self.firehose.vhost})
             if self._catching_up == 0 and self._gap_start is not None:
                 self._gap(self._gap_start, now_ms(), "backlog drained after restart")
                 self._gap_start = None
                 # Saved with the gap: a recorder killed before its next regular heartbeat
                 # hands its successor this moment, not the start of the closed outage.
                 self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                    "recorder": self.recorder, "event": "caught up"})
+                                    "recorder": self.recorder, "vhost": self.firehose.vhost, "event": "caught up"})
             await self.flush()
 
     async def _ensure_on(self) -> bool:

@@ -1,0 +1,151 @@
+"""The audit's numbers per deployment: records, junk, events, verdicts, findings, latency.
+
+Each function is one or two Spark jobs over cached frames: jobs cost more than rows here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from spark_analytics import records
+
+FINDINGS = ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate", "channel_spurious")
+
+# What the pipeline dead-letters (or never sent) and the audit skips, counted per deployment.
+JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected",
+        "alert_unreadable", "delivery_unreadable")
+# What "junk skipped" adds up: each skipped message or element once (the other JUNK counts are reasons).
+JUNK_TOTAL = ("trade_unreadable", "trade_elements_rejected", "alert_unreadable", "delivery_unreadable")
+RECORD_COUNTS = ("trace_records", "trade_messages", "msgpack_messages", "alert_messages", "channel_deliveries",
+                 "channel_redeliveries",
+                 "trace_rerecorded", *JUNK)
+
+
+def _sum(cond: Column) -> Column:
+    return F.sum(F.when(cond, 1).otherwise(0))
+
+
+def _size(arr: Column) -> Column:
+    return F.when(arr.isNull(), F.lit(0)).otherwise(F.size(arr))
+
+
+def empty_counts() -> dict[str, int]:
+    return {name: 0 for name in RECORD_COUNTS}
+
+
+def record_counts(slim: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
+    """Per vhost: records of each kind, junk, the last trace time (`last_ts`, counting the
+    heartbeats every deployment shares); and the number of corrupt lines."""
+    kind, idx = F.col("kind"), F.col("idx")
+    trade, alert, delivery = kind == "trade", kind == "alert", kind == "delivery"
+    message = trade & (idx.isNull() | (idx == 0))  # a trade message's first (or only) row
+    aggs = {
+        "trace_records": _sum(kind.isin("alert", "delivery", "publish", "deliver") | message),
+        "trade_messages": _sum(message), "alert_messages": _sum(alert),
+        "msgpack_messages": _sum(F.col("packed").isNotNull()),
+        "channel_deliveries": F.sum(F.when(delivery, _size(F.col("alerts"))).otherwise(0)),
+        "channel_redeliveries": F.sum(F.when(delivery & F.col("redelivered"), _size(F.col("alerts"))).otherwise(0)),
+        "trace_rerecorded": _sum(F.coalesce(F.col("trace_redelivered"), F.lit(False)) & ~(trade & (idx > 0))),
+        "trade_not_base64": _sum(trade & F.col("not_base64")),
+        "trade_not_utf8": _sum(trade & F.col("not_utf8")),
+        "trade_oversize": _sum(trade & F.col("oversize")),
+        "trade_unreadable": _sum(trade & idx.isNull() & F.col("packed").isNull()),
+        "trade_elements_rejected": _sum(trade & idx.isNotNull() & ~F.col("valid")),
+        "alert_unreadable": _sum(alert & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
+        "delivery_unreadable": _sum(delivery & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
+        "last_ts": F.max(F.when(kind != "corrupt", F.col("ts"))),
+        "corrupt": _sum(kind == "corrupt"),
+    }
+    rows = slim.groupBy("vhost").agg(*[agg.alias(name) for name, agg in aggs.items()]).collect()
+    packed = {}
+    if any(r["msgpack_messages"] for r in rows):  # the Arrow UDF's Python workers start only when needed
+        packed = {r["vhost"]: r for r in records.msgpack_elements(slim).groupBy("vhost").agg(
+            _sum(idx.isNull()).alias("unreadable"),
+            _sum(idx.isNotNull() & ~F.col("valid")).alias("rejected")).collect()}
+    out: dict[str, dict[str, int]] = {}
+    corrupt = shared_last = 0
+    for r in rows:
+        corrupt += int(r["corrupt"] or 0)
+        if r["vhost"] is None:  # unreadable lines, and heartbeats/gaps of every deployment
+            shared_last = int(r["last_ts"] or 0)
+            continue
+        c = {name: int(r[name] or 0) for name in aggs if name != "corrupt"}
+        if (p := packed.get(r["vhost"])) is not None:
+            c["trade_unreadable"] += int(p["unreadable"] or 0)
+            c["trade_elements_rejected"] += int(p["rejected"] or 0)
+        out[r["vhost"]] = c
+    for c in out.values():
+        c["last_ts"] = max(c["last_ts"], shared_last)
+    return out, corrupt
+
+
+def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataFrame, per_order: DataFrame,
+                  per_channel: DataFrame, findings: DataFrame,
+                  channels: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """`base` (record counts) plus events, orders, alerts, verdicts and findings per vhost."""
+    counts = {v: dict(c) for v, c in base.items()}
+    for r in books.groupBy("vhost").agg(
+            F.sum("copies").alias("trade_events_decoded"), F.sum("events").alias("distinct_events"),
+            F.count("*").alias("orders"), F.count("expected_kind").alias("expected_alerts")).collect():
+        counts[r["vhost"]].update({k: int(r[k] or 0) for k in
+                                   ("trade_events_decoded", "distinct_events", "orders", "expected_alerts")})
+    for r in records.alert_publishes(slim).groupBy("vhost").count().collect():
+        counts[r["vhost"]]["alert_publishes"] = int(r["count"])
+    for r in per_order.groupBy("vhost", "verdict").count().collect():
+        counts[r["vhost"]][f"verdict_{r['verdict']}"] = int(r["count"])
+    for r in per_channel.where(F.col("verdict") != "ok").groupBy("vhost", "verdict").count().collect():
+        counts[r["vhost"]][f"channel_verdict_{r['verdict']}"] = int(r["count"])
+    by_kind = {(r["vhost"], r["finding"]): int(r["count"])
+               for r in findings.groupBy("vhost", "finding").count().collect()}
+    for v, c in counts.items():
+        for key in ("trade_events_decoded", "distinct_events", "orders", "expected_alerts", "alert_publishes"):
+            c.setdefault(key, 0)
+        c["channels"] = len(channels.get(v, []))
+        for name in FINDINGS:
+            c[name] = by_kind.get((v, name), 0)
+    return counts
+
+
+def totals(counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The deployments' counts added up (every count is additive)."""
+    out: dict[str, int] = {}
+    for c in counts.values():
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+_PCT = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+def latency(per_order: DataFrame) -> dict[str, dict[str, dict[str, Any]]]:
+    """Detection latency of judged alerts: count, p50/p95/p99 (nearest rank: a latency that
+    happened), max; per vhost and kind, with "all" for every vhost or kind. One Spark job."""
+    judged = per_order.where(F.col("should_fire") & F.col("latency_ms").isNotNull()
+                             & ~F.col("verdict").isin("unaudited", "uncertain", "pending"))
+    pct = [F.expr(f"percentile_disc({q}) WITHIN GROUP (ORDER BY latency_ms)").alias(n) for n, q in _PCT.items()]
+    rows = judged.cube("vhost", "kind").agg(F.count("*").alias("count"), *pct, F.min("latency_ms").alias("min"),
+                                            F.max("latency_ms").alias("max")).collect()
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        stats = {"count": int(r["count"]), **{k: None if r[k] is None else float(r[k]) for k in (*_PCT, "max")}}
+        if r["vhost"] is None and r["kind"] is None:
+            stats["min"] = None if r["min"] is None else float(r["min"])  # the histogram's range
+        out.setdefault(r["vhost"] or "all", {})[r["kind"] or "all"] = stats
+    return out
+
+
+def histogram(per_order: DataFrame, low: float | None, high: float | None,
+              bins: int = 60) -> list[tuple[float, float, int]]:
+    """(low, high, alerts) bins of judged detection latency in [low, high], computed in Spark."""
+    if low is None or high is None:
+        return []
+    judged = per_order.where(F.col("should_fire") & F.col("latency_ms").isNotNull()
+                             & ~F.col("verdict").isin("unaudited", "uncertain", "pending"))
+    width = max(1.0, (high - low) / bins)
+    bucket = F.least(F.floor((F.col("latency_ms") - F.lit(low)) / F.lit(width)), F.lit(bins - 1))
+    rows = judged.groupBy(bucket.alias("b")).count().collect()
+    return sorted((low + r["b"] * width, low + (r["b"] + 1) * width, int(r["count"])) for r in rows)
