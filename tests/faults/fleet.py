@@ -293,7 +293,7 @@ def wait_for_sinks(expected: set[str], sinks: dict[str, Callable[[], list[str]]]
 
 def in_doubt_ids(redis_url: str, prefix: str, channel: str = "hook") -> list[str]:
     """The alert ids an at-most-once channel lists in doubt (aldebaran/channels/ledger.py)."""
-    client = redis.Redis.from_url(redis_url)
+    client = sync_client(redis_url, timeout=10)
     try:
         return [json.loads(field)[0] for field in client.hkeys(f"{prefix}:in-doubt:{channel}")]
     finally:

@@ -1,11 +1,11 @@
 """SIGKILL of the whole `aldebaran up` three times mid-stream, as a new user would (issue 18).
 
 Every worker dies at once (aggregator, books, lookout, deliverers), mid-stream, and a new
-`up` starts while the publisher keeps publishing (3,000 orders at full scale, 700 in CI,
+`up` starts while the publisher keeps publishing (3,000 orders at full scale, 300 in CI,
 book ttl 8 s, 5 % orphans). Expected: no alert lost (orphans included), nothing
 unexpected, and `Aldebaran.Alert` carrying every alert exactly once in both modes (the
-audit counts a second copy as a duplicate). Webhook repeats inside a kill's window are
-channel delivery's business (docs/delivery.md).
+audit counts a second copy as a duplicate); the webhook (at most once) never gets an alert
+twice, and has every alert or lists it in doubt (at most one per kill).
 The failures this catches came and went between runs: each run kills three times.
 """
 
@@ -23,15 +23,16 @@ import pytest
 
 from aldebaran.trades.generator import generate
 from tests.faults.conftest import redis_url
-from tests.faults.fleet import FULL, TEST_TIMEOUT, RetryingPublisher, describe, pull_queue_deliveries, wait_for_sinks
+from tests.faults.fleet import (FULL, TEST_TIMEOUT, RetryingPublisher, describe, in_doubt_ids, pull_queue_deliveries,
+                                wait_for_sinks)
 from tests.support.checker import check
 from tests.support.pipeline import Broker, alert_counts, collect_alerts, declare
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 KILLS = int(os.environ.get("FAULTS_UP_KILLS", "3"))
 POINTS = tuple((n + 1) / (KILLS + 1) for n in range(KILLS))
-ORDERS = int(os.environ.get("FAULTS_UP_ORDERS", "3000" if FULL else "700"))
-RATE = float(os.environ.get("FAULTS_UP_RATE", "700" if FULL else "600"))
+ORDERS = int(os.environ.get("FAULTS_UP_ORDERS", "3000" if FULL else "300"))
+RATE = float(os.environ.get("FAULTS_UP_RATE", "700" if FULL else "800"))
 TTL = "8"
 
 
@@ -102,7 +103,7 @@ def test_sigkill_of_up_three_times_alerts_once_on_the_bus(mode, fault_env, webho
         reports = wait_for_sinks(stream.expected, {
             "webhook": webhook.deliveries,
             "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix),
-        }, timeout=120 + len(stream.events) / 50)
+        }, timeout=120 + len(stream.events) / 50, in_doubt={"webhook": lambda: in_doubt_ids(redis_url(), redis_prefix)})
         tap = Broker(vhost.amqp_url)
         bus = collect_alerts(tap, expected=len(stream.expected), timeout=30, settle=1)
     finally:
@@ -117,7 +118,8 @@ def test_sigkill_of_up_three_times_alerts_once_on_the_bus(mode, fault_env, webho
     assert not on_bus.lost and not on_bus.unexpected, describe([on_bus])
     repeated = {a for a, n in alert_counts(bus).items() if n > 1}
     assert not repeated, (sorted(repeated)[:10], sorted(repeated & _republished(up.log()))[:10])
-    assert not reports["webhook"].lost and not reports["webhook"].unexpected, describe([reports["webhook"]])
+    # The webhook is at most once: a kill mid-send leaves that one alert in doubt, never sent twice.
+    assert reports["webhook"].ok and len(reports["webhook"].in_doubt) <= up.kills, describe([reports["webhook"]])
     assert reports["queue-api"].ok, describe([reports["queue-api"]])
     assert code == 0, up.log()[-3000:]
 

@@ -75,7 +75,8 @@ def test_sentinel_failover_mid_stream(fault_env, webhook, redis_prefix, vhost, t
             reports = _run(fleet, stream, vhost.amqp_url, {
                 "webhook": webhook.deliveries,
                 "queue-api": lambda: pull_queue_deliveries(group.url, redis_prefix)},
-                at={0.4: in_background(lambda: _failover(group, fleet, redis_prefix, timings, ops))})
+                at={0.4: in_background(lambda: _failover(group, fleet, redis_prefix, timings, ops))},
+                redis=group.url, prefix=redis_prefix)
         finally:
             codes = fleet.stop_all()
         logs = fleet.all_logs()
