@@ -8,9 +8,10 @@ setup:
 demo: setup
 	.venv/bin/aldebaran demo
 
+# Three pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU.
 test:
 	SETUP_TEST_TOOLS=1 bash deploy/setup.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --durations=15
 
 # The three-node cluster test alone (it is part of `make test` too).
 test-cluster: setup
@@ -20,4 +21,5 @@ test-faults: setup
 	.venv/bin/python -m pytest -q -m faults
 
 bench: setup
+	.venv/bin/pip install -q -e '.[bench]'
 	.venv/bin/aldebaran bench

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import shlex
 import sys
 import tempfile
@@ -58,6 +59,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     from aldebaran.trades.generator import expected_alerts
 
     systems = [s for s in args.systems.split(",") if s]
+    load_before = os.getloadavg()
     notes: list[str] = []
     if "bytewax" in systems and importlib.util.find_spec("bytewax") is None:
         systems.remove("bytewax")
@@ -94,6 +96,9 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
         paced_rows.append(table.paced_row(run))
         _print(paced_rows)
     notes += _notes(args)
+    load = "/".join(f"{x:.2f}" for x in load_before) + " before, " + "/".join(f"{x:.2f}" for x in os.getloadavg())
+    notes.insert(0, f"Machine: {os.cpu_count()} cores; load average (1/5/15 min) {load} after: the machine is "
+                    "shared, so compare rows of one table only.")
     if not args.no_write:
         command = "aldebaran bench " + shlex.join(sys.argv[2:])
         text = table.section(command.strip(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), drains,

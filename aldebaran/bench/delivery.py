@@ -4,12 +4,14 @@ A queue-api channel (the pull queue, exactly once by alert id) and an amqp chann
 message per alert into a `downstream` queue of the same vhost; at most once, with 256
 sends in flight, so a crash could leave up to 256 in doubt) run as their own
 `aldebaran run` processes; the bench waits until both hold every alert the engine put
-on `Aldebaran.Alert` and checks that each holds it once.
+on `Aldebaran.Alert` and checks that each holds it once. Both sinks are read while the run
+goes on, so "last alert after last event" is when the last alert arrived at a recipient.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -51,12 +53,19 @@ class Delivery:
         self.pids: list[int] = []
         self.landed: dict[str, set[str]] = {"pull": set(), "bus": set()}
         self.copies = {"pull": 0, "bus": 0}
+        self.last_new = {"pull": 0.0, "bus": 0.0}
+        self.last_of_kind: dict[str, float] = {}  # alert kind -> when its last new alert landed anywhere
+        self.connection: aiormq.abc.AbstractConnection | None = None
+        self.reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        connection = await aiormq.connect(self.place.amqp_url)
-        channel = await connection.channel()
+        """Start the lookout and both channels, and read both sinks from now on: an alert's
+        landing time is when it arrived, not when the bench got round to looking."""
+        self.connection = await aiormq.connect(self.place.amqp_url)
+        channel = await self.connection.channel()
         await channel.queue_declare(DOWNSTREAM, durable=True)
-        await connection.close()
+        await channel.basic_consume(DOWNSTREAM, self._on_bus, no_ack=True)
+        self.reader = asyncio.create_task(self._read_pull())
         for args in (["lookout"], ["channel", "pull"], ["channel", "bus"]):
             log = open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb")
             process = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
@@ -65,34 +74,42 @@ class Delivery:
             self.pids.append(process.pid)
 
     async def wait_landed(self, expected: set[str], timeout: float) -> float:
-        """When both channels held every alert in `expected` (monotonic), or the timeout."""
+        """When the last alert of `expected` landed in the later of the two channels (monotonic);
+        the time of the timeout when one never got them all."""
+        deadline = time.monotonic() + timeout
+        while not (expected <= self.landed["pull"] and expected <= self.landed["bus"]):
+            if self.reader is not None and self.reader.done():
+                self.reader.result()  # the pull reader failed: say why
+            if time.monotonic() >= deadline:
+                return time.monotonic()
+            await asyncio.sleep(0.05)
+        return max(self.last_new.values())
+
+    def _on_bus(self, message: aiormq.abc.DeliveredMessage) -> None:
+        self._land("bus", message.header.properties.message_id or "")
+
+    def _land(self, name: str, alert_id: str) -> None:
+        self.copies[name] += 1
+        if alert_id not in self.landed[name]:
+            self.landed[name].add(alert_id)
+            self.last_new[name] = now = time.monotonic()
+            kind = alert_id.partition(":")[0]
+            self.last_of_kind[kind] = max(now, self.last_of_kind.get(kind, 0.0))
+
+    async def _read_pull(self) -> None:
         settings = self.place.settings()
         redis = redis_client(settings)
         pull = PullQueue(redis, Keys(settings.redis_key_prefix), PULL_QUEUE, checkout_lifetime_seconds=600,
                          max_receive_count=10)
-        connection = await aiormq.connect(self.place.amqp_url)
-        channel = await connection.channel()
-        deadline = time.monotonic() + timeout
         try:
-            while time.monotonic() < deadline:
-                self._read_pull(await pull.receive(1000))
-                while (message := await channel.basic_get(DOWNSTREAM, no_ack=True)).delivery_tag is not None:
-                    self.copies["bus"] += 1
-                    self.landed["bus"].add(message.header.properties.message_id or "")
-                if expected <= self.landed["pull"] and expected <= self.landed["bus"]:
-                    return time.monotonic()
-                await asyncio.sleep(0.05)
-            return time.monotonic()
+            while True:
+                received = await pull.receive(1000)
+                for message in received:
+                    self._land("pull", json.loads(message.message)["alert_id"])
+                if not received:
+                    await asyncio.sleep(0.02)
         finally:
-            await connection.close()
             await redis.aclose()
-
-    def _read_pull(self, received: list) -> None:  # type: ignore[type-arg]
-        import json
-
-        for message in received:
-            self.copies["pull"] += 1
-            self.landed["pull"].add(json.loads(message.message)["alert_id"])
 
     def summary(self, expected: set[str]) -> str:
         parts = []
@@ -103,6 +120,11 @@ class Delivery:
         return "; ".join(parts)
 
     async def stop(self) -> None:
+        if self.reader is not None:
+            self.reader.cancel()
+            await asyncio.gather(self.reader, return_exceptions=True)
+        if self.connection is not None:
+            await self.connection.close()
         for process in self.processes:
             if process.returncode is None:
                 process.terminate()
