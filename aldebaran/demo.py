@@ -64,7 +64,7 @@ async def _demo(settings: Settings, args: argparse.Namespace, run: str) -> int:
     expected = stream.expected | {"over_purchase:1"}
     workers = build_workers(settings, tracer=False)
     lives = [Lifecycle() for _ in workers]
-    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives)]
+    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives, strict=True)]
     alerts: dict[str, dict[str, Any]] = {}
     connection = await amqp.connect(settings, "demo")
     try:

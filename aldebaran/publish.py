@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import IO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import IO
 
 from aldebaran.io.publisher import Body, publish_bodies
 from aldebaran.settings import Settings
@@ -75,7 +76,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     from rich.progress import Progress
 
     console = Console(stderr=True)
-    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115 - closed by the `with`
     with stream, Progress(console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("publishing events", total=None)
         report = asyncio.run(publish_bodies(

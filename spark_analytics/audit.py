@@ -11,8 +11,9 @@ deployment (`vhost`): one deployment's alerts are never judged against another's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TypedDict
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -27,6 +28,22 @@ CHANNEL_FINDINGS = ("channel_missed", "channel_duplicate", "channel_spurious")
 Step = Callable[[str], None]
 
 
+class TornFile(TypedDict):
+    """A gzip part file that breaks off before its end (a recorder killed mid-write)."""
+
+    file: str
+    bytes_read: int
+    bytes_lost: int
+
+
+class FilesInfo(TypedDict, total=False):
+    """Damage no deployment owns, and how many part files were read."""
+
+    part_files: int
+    corrupt_lines: int
+    torn_files: list[TornFile]
+
+
 @dataclass
 class AuditResult:
     orders: DataFrame      # one row per judged (vhost, alert id), with its verdict
@@ -36,7 +53,7 @@ class AuditResult:
     vhosts: list[str]
     gaps: dict[str, list[gaps_mod.Window]]
     counts: dict[str, dict[str, int]]             # per vhost
-    files: dict[str, object] = field(default_factory=dict)   # damage no deployment owns
+    files: FilesInfo = field(default_factory=FilesInfo)   # damage no deployment owns
     latency: dict[str, dict[str, dict]] = field(default_factory=dict)  # vhost or "all" -> kind -> stats
 
 
@@ -46,7 +63,7 @@ class _Input:
     vhosts: list[str]
     end_ts: dict[str, int]
     counts: dict[str, dict[str, int]]
-    files: dict[str, object]
+    files: FilesInfo
 
 
 def _in_window(col: Column, opts: AuditOptions) -> Column:
@@ -89,8 +106,9 @@ def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
     end_ts = {v: c.pop("last_ts", 0) or 0 for v, c in counts.items()}
     for v in vhosts:
         counts.setdefault(v, stats.empty_counts())
-    files_info = {"part_files": len(files), "corrupt_lines": corrupt,
-                  "torn_files": [{"file": f, "bytes_read": good, "bytes_lost": size - good} for f, good, size in torn]}
+    files_info = FilesInfo(part_files=len(files), corrupt_lines=corrupt,
+                           torn_files=[TornFile(file=f, bytes_read=good, bytes_lost=size - good)
+                                       for f, good, size in torn])
     return _Input(slim, vhosts, end_ts, counts, files_info)
 
 

@@ -20,10 +20,11 @@ import gzip
 import heapq
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import msgspec
 
@@ -94,7 +95,7 @@ class _Writer:
         self.line(ts, json.dumps(rec, separators=(",", ":")))
 
     def line(self, ts: int, text: str) -> None:
-        moment = datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
+        moment = datetime.fromtimestamp(ts / 1000, tz=UTC)
         d = self.root / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
         lines = self._lines.setdefault(d, [])
         lines.append(text)
@@ -109,7 +110,7 @@ class _Writer:
             return
         if d not in self._open:
             d.mkdir(parents=True, exist_ok=True)
-            self._open[d] = open(d / "part-synthetic-1-00001.jsonl.gz", "ab")
+            self._open[d] = open(d / "part-synthetic-1-00001.jsonl.gz", "ab")  # noqa: SIM115 - closed by close()
         self._open[d].write(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=5))
 
     def close(self) -> None:
@@ -135,7 +136,7 @@ def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Ite
                  "client": "c", "stock": "AAPL"} for i in range(n)]
         rnd.shuffle(evs)
         order["left"] = len(evs)
-        for ev, ts in zip(evs, sorted(t + rnd.uniform(0, 20_000) for _ in evs)):
+        for ev, ts in zip(evs, sorted(t + rnd.uniform(0, 20_000) for _ in evs), strict=True):
             seq += 1
             heapq.heappush(pending, (ts, seq, ev, order))
         made += len(evs)

@@ -18,13 +18,15 @@ redelivers what was not acked and the next owner rebuilds the books (docs/engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 import uuid
 from collections import OrderedDict
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import aio_pika.abc
 import aiormq.abc
@@ -45,8 +47,18 @@ from aldebaran.io.engine_store import EngineStore, Fenced
 from aldebaran.io.latency_samples import LatencySamples
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
-from aldebaran.metrics import (ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, BOOK_EVENTS, BOOKS_OPEN,
-                               CONFLICTING_DUPLICATES, DONE_MARKERS, EVENTS_CONSUMED, PROCESSING_LATENCY, RULE_ERRORS)
+from aldebaran.metrics import (
+    ALERTS_DEDUPLICATED,
+    ALERTS_FIRED,
+    BATCH_EVENTS,
+    BOOK_EVENTS,
+    BOOKS_OPEN,
+    CONFLICTING_DUPLICATES,
+    DONE_MARKERS,
+    EVENTS_CONSUMED,
+    PROCESSING_LATENCY,
+    RULE_ERRORS,
+)
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
 from declare.declarer import declare_async
@@ -97,10 +109,8 @@ class EngineWorker:
             await amqp.run_sessions(self.settings, self.name, life.stopping, session)
         finally:
             self.samples.flush()
-            try:
+            with contextlib.suppress(Exception):  # Redis gone: the lease expires by itself
                 await self.store.release()
-            except Exception:  # noqa: BLE001 - Redis gone: the lease expires by itself
-                pass
             await redis.aclose()
 
     async def recover(self) -> tuple[Engine, list[tuple[str, bytes]]]:
@@ -109,15 +119,15 @@ class EngineWorker:
         done, records, pending = await self.store.load()
         await self.store.sync_replicas()  # what was loaded is on the replicas before anything is re-published
         engine = self.new_engine()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if done is not None:
             engine.restore_done(done)
         for record in records:
             engine.replay(record, now)
         prefix = self.keys.alert("")
         outbox = [(key[len(prefix):], body) for key, body in pending.items()]
-        log.info("engine owns the books", apps=[rule.name for rule in self.rules], books=engine.open_books, done_markers=engine.done_markers,
-                 log_records=len(records), pending_alerts=len(outbox),
+        log.info("engine owns the books", apps=[rule.name for rule in self.rules], books=engine.open_books,
+                 done_markers=engine.done_markers, log_records=len(records), pending_alerts=len(outbox),
                  load_ms=round((time.perf_counter() - started) * 1000, 1))
         return engine, outbox
 
@@ -201,17 +211,16 @@ class Session:
         inbound = await self.connection.channel()
         await inbound.set_qos(prefetch_count=self.config.prefetch)
         self.inbound = await inbound.get_underlay_channel()
-        consume = await self.inbound.basic_consume(TRADE_DATA, self._on_delivery)
+        consumer_tag = (await self.inbound.basic_consume(TRADE_DATA, self._on_delivery)).consumer_tag
+        assert consumer_tag is not None, "Basic.ConsumeOk always names the consumer"
         log.info("consuming", queue=TRADE_DATA, mode="engine", prefetch=self.config.prefetch)
         self.life.ready()
         try:
             await self._cycles(engine)
         finally:
             if not self.inbound.is_closed:
-                try:
-                    await self.inbound.basic_cancel(consume.consumer_tag)
-                except Exception:  # noqa: BLE001 - the channel died meanwhile
-                    pass
+                with contextlib.suppress(Exception):  # the channel died meanwhile
+                    await self.inbound.basic_cancel(consumer_tag)
         await self._finish()
 
     async def _own(self) -> bool:
@@ -233,8 +242,9 @@ class Session:
         properties = message.header.properties
         headers = properties.headers or {}
         published = headers.get(PUBLISHED_HEADER)
-        self.batcher.add(Delivery(message.delivery.delivery_tag,  # type: ignore[union-attr]
-                                  WalMessage(properties.content_type or "", message.body),
+        tag = message.delivery_tag
+        assert tag is not None, "a consumed message always carries its delivery tag"
+        self.batcher.add(Delivery(tag, WalMessage(properties.content_type or "", message.body),
                                   published if isinstance(published, int) else 0))
         if self.batcher.ready:
             self.arrived.set()
@@ -252,7 +262,7 @@ class Session:
                     continue
             monotonic = time.monotonic()
             stamp = self.clock.stamp(monotonic)
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             cycle = engine.cycle([d.message for d in batch], stamp, now)
             if batch or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
                 await self._commit(cycle, batch, now)
@@ -401,10 +411,8 @@ class Session:
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=timeout)
-    except asyncio.TimeoutError:
-        pass
 
 
 async def _wait_any(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:

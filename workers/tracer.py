@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gzip
 import json
 import os
@@ -23,7 +24,7 @@ import socket
 import time
 import zlib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -52,7 +53,7 @@ def now_ms() -> int:
 
 def partition_dir(root: Path, ts_ms: int) -> Path:
     """`root/date=YYYY-MM-DD/hour=HH`: the audit prunes whole hours by path."""
-    moment = datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc)
+    moment = datetime.fromtimestamp(ts_ms / 1000, tz=UTC)
     return root / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
 
 
@@ -368,10 +369,8 @@ class Tracer:
         next_beat = time.monotonic() + self.heartbeat_seconds
         next_check = time.monotonic() + self.check_seconds
         while not life.stopping.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(life.stopping.wait(), timeout=self.linger_seconds)
-            except asyncio.TimeoutError:
-                pass
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + self.check_seconds

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Sequence
 
 import redis.asyncio as aioredis
 
 from aldebaran.io.redis import Keys, Replicas, check_replicated, run_script, wait_replicas
 
 
-def _script(redis: aioredis.Redis, name: str):  # noqa: ANN202 - redis-py's Script type
+def _script(redis: aioredis.Redis, name: str):
     return redis.register_script(resources.files("aldebaran.api").joinpath(name).read_text())
 
 
@@ -121,7 +121,9 @@ class PullQueue:
     async def stats(self) -> Stats:
         """Lengths read in one MULTI, so they describe one moment."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.llen(self._ready).zcard(self._checkouts).llen(self._dead)
+            pipe.llen(self._ready)
+            pipe.zcard(self._checkouts)
+            pipe.llen(self._dead)
             ready, checkouts, dead = await pipe.execute()
         return Stats(int(ready), int(checkouts), int(dead))
 
@@ -132,7 +134,9 @@ class PullQueue:
     async def snapshot(self) -> dict[str, list[str]]:
         """Every key by place (ready in order, checkouts by deadline, dead): for checks."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.lrange(self._ready, 0, -1).zrange(self._checkouts, 0, -1).lrange(self._dead, 0, -1)
+            pipe.lrange(self._ready, 0, -1)
+            pipe.zrange(self._checkouts, 0, -1)
+            pipe.lrange(self._dead, 0, -1)
             ready, checkouts, dead = await pipe.execute()
         return {"ready": [_text(k) for k in ready], "checkouts": [_text(k) for k in checkouts],
                 "dead": [_text(k) for k in dead]}

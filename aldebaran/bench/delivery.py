@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiormq
 
-from aldebaran.api.pullqueue import PullQueue
+from aldebaran.api.pullqueue import PullQueue, Received
 from aldebaran.bench.environment import Place
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import client as redis_client
@@ -58,9 +58,10 @@ class Delivery:
         await channel.queue_declare(DOWNSTREAM, durable=True)
         await connection.close()
         for args in (["lookout"], ["channel", "pull"], ["channel", "bus"]):
-            log = open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb")
-            process = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
-                                                           env=self.env, stdout=log, stderr=log)
+            # The child writes through its own copy of the descriptor; ours closes after the start.
+            with open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb") as log:
+                process = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
+                                                               env=self.env, stdout=log, stderr=log)
             self.processes.append(process)
             self.pids.append(process.pid)
 
@@ -87,7 +88,7 @@ class Delivery:
             await connection.close()
             await redis.aclose()
 
-    def _read_pull(self, received: list) -> None:  # type: ignore[type-arg]
+    def _read_pull(self, received: list[Received]) -> None:
         import json
 
         for message in received:

@@ -15,9 +15,10 @@ lost with the connection); that is fine, books count an event once per event id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import aio_pika
 import aio_pika.abc
@@ -70,7 +71,7 @@ class _Link:
     fail together when a node dies, and only the first to ask replaces the connection.
     """
 
-    def __init__(self, settings: Settings, report: "PublishReport", attempts: int) -> None:
+    def __init__(self, settings: Settings, report: PublishReport, attempts: int) -> None:
         self.settings = settings
         self.report = report
         self.attempts = attempts
@@ -99,7 +100,7 @@ class _Link:
                 try:
                     await self.open(start=self.index + 1)
                     break
-                except (UnavailableError, *LOST, asyncio.TimeoutError) as exc:
+                except (TimeoutError, UnavailableError, *LOST) as exc:
                     delay = backoff_delay(attempt, base=0.2, cap=5.0)
                     log.warning("no broker node answers; publisher retrying", error=str(exc),
                                 retry_in_seconds=round(delay, 2))
@@ -113,10 +114,8 @@ class _Link:
 
     async def close(self) -> None:
         if self.connection is not None and not self.connection.is_closed:
-            try:
+            with contextlib.suppress(Exception):  # closing a dead connection may fail
                 await asyncio.wait_for(self.connection.close(), timeout=5)
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail
-                pass
 
 
 async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: float = 0.0,
@@ -146,7 +145,7 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                     try:
                         await exchange.publish(message, routing_key=TRADE_DATA, timeout=30)
                         break
-                    except (aio_pika.exceptions.DeliveryError, asyncio.TimeoutError) as exc:
+                    except (TimeoutError, aio_pika.exceptions.DeliveryError) as exc:
                         if link.broken:  # a timeout on a dead connection is a loss, not a nack
                             report.resends += 1
                             await link.replace(generation)
