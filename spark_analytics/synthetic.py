@@ -8,7 +8,7 @@ whose alerts are exactly right (so the audit must come back clean). Two shapes:
 - `--batch 1000`: trade data in JSON arrays of 1000 events and alerts in batches of up to
   `--alert-batch` (CONTRACT §3), as the fast engine publishes them.
 
-Records carry the firehose headers and the vhost as `workers/tracer.py` writes them, in
+Records carry the firehose headers and the vhost as `aldebaran/io/trace_files.py` writes them, in
 hourly part files of gzip members of 2000 records. It streams: memory stays flat at 10M+.
 """
 

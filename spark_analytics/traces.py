@@ -1,6 +1,6 @@
 """Reading the recorder's JSON lines: an explicit schema, hour pruning, damage counted.
 
-The schema mirrors `workers/tracer.py`'s record format but is written out here on
+The schema mirrors `aldebaran/io/trace_files.py`'s record format but is written out here on
 purpose: the audit does not import the streaming code. Damage never stops the job: a
 line that is not a JSON record (half-written, garbage, bytes that are not UTF-8) becomes a
 `_corrupt_record` row that is counted and dropped, and a part file whose gzip stream
