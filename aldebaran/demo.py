@@ -27,7 +27,7 @@ DOC_EXAMPLE = [
 MODE_LABELS = {"per-order": "iteration-5 per-order reference mode", "engine": "engine mode"}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("demo", help="run the pipeline on the design document's example and a stream")
     parser.add_argument("--orders", type=int, default=2000, help="orders in the generated stream")
     parser.add_argument("--book-ttl", type=float, default=15.0, help="book lifetime for the demo (seconds)")

@@ -21,7 +21,7 @@ from aldebaran.trades.events import TradeEvent
 DEFAULT_BATCH = 100
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("publish", help="publish JSON lines of trade events")
     parser.add_argument("file", help="a file of JSON lines (objects or arrays), or - for stdin")
     parser.add_argument("--rate", type=float, default=0.0, help="events per second (0 = as fast as possible)")

@@ -7,7 +7,7 @@ import argparse
 from aldebaran.settings import Settings
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("declare", help="declare exchanges and queues (idempotent)")
     parser.add_argument("--queue-type", choices=["classic", "quorum"],
                         help="override queue_type (quorum for clusters)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -54,7 +54,7 @@ class AuditResult:
     gaps: dict[str, list[gaps_mod.Window]]
     counts: dict[str, dict[str, int]]             # per vhost
     files: FilesInfo = field(default_factory=FilesInfo)   # damage no deployment owns
-    latency: dict[str, dict[str, dict]] = field(default_factory=dict)  # vhost or "all" -> kind -> stats
+    latency: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # vhost or "all" -> kind -> stats
 
 
 @dataclass
@@ -140,7 +140,7 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     return AuditResult(per_order, per_channel, findings, pubs, inp.vhosts, gaps, counts, inp.files, latency)
 
 
-def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict, end_ts: dict[str, int],
+def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
             opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
     """One row per (vhost, alert id) expected or published, with its verdict; and the findings."""
     ttl_ms, grace_ms = int(opts.book_ttl_s * 1000), int(opts.grace_s * 1000)
@@ -185,7 +185,8 @@ def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict, end_ts: dict[str
 
 
 def _channels(spark: SparkSession, pub_stats: DataFrame, deliveries: DataFrame, names: dict[str, list[str]],
-              gaps: dict, end_ts: dict[str, int], opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
+              gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
+              opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
     """Every published alert once per channel of its deployment: first deliveries
     (redelivered=false) must be exactly one; broker redeliveries after a consumer crash are
     counted, not findings. (An at-most-once channel's in-doubt attempts are kept by the

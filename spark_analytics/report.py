@@ -9,6 +9,7 @@ operator reads it: verdict, counts per deployment and the plots, then the findin
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, overload
@@ -43,7 +44,7 @@ def _windows(spans: list[tuple[int, int, str]], vhost: str | None = None) -> lis
              "seconds": round((e - s) / 1000, 3), "reason": r} for s, e, r in spans]
 
 
-def _verdict(discrepancies: int, gaps: list) -> str:
+def _verdict(discrepancies: int, gaps: Sequence[object]) -> str:
     return "discrepancies" if discrepancies else ("unaudited" if gaps else "clean")
 
 

@@ -24,12 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import msgspec
 
 MEMBER_RECORDS = 2000  # the recorder's batch: one gzip member each
 ALERT_LINGER_MS = 50   # an alert batch waits at most this long for more alerts
+
+Event = dict[str, Any]  # one trade event as JSON
+Order = dict[str, Any]  # one order's running state, shared by its events
+Timed = tuple[float, Event, Order]  # when an event is due, the event, its order
 
 
 @dataclass
@@ -49,7 +53,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _text(ev: dict) -> bytes:
+def _text(ev: Event) -> bytes:
     lines = [f"id:{ev['id']}"]
     if "initial_order_id" in ev:
         lines.append(f"initial order id: {ev['initial_order_id']}")
@@ -57,7 +61,7 @@ def _text(ev: dict) -> bytes:
     return "\n".join(lines).encode()
 
 
-def _single_body(rnd: random.Random, ev: dict) -> tuple[bytes, str]:
+def _single_body(rnd: random.Random, ev: Event) -> tuple[bytes, str]:
     form = rnd.random()
     if form < 0.5:
         return json.dumps(ev).encode(), "application/json"
@@ -120,10 +124,10 @@ class _Writer:
             fh.close()
 
 
-def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Iterator[tuple[float, dict, dict]]:
+def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Iterator[Timed]:
     """(time, event, order) for about `events` trade events, in time order; `order` is shared
     state: limit, whether it has a request, events left, running sum."""
-    pending: list[tuple[float, int, dict, dict]] = []
+    pending: list[tuple[float, int, Event, Order]] = []
     t, made, n_order, seq = float(start_ms), 0, 0, 0
     while made < events:
         n_order += 1
@@ -149,7 +153,7 @@ def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Ite
         yield ts, ev, o
 
 
-def _judge(order: dict, ev: dict, published: int, rnd: random.Random, shape: Shape) -> tuple[int, str] | None:
+def _judge(order: Order, ev: Event, published: int, rnd: random.Random, shape: Shape) -> tuple[int, str] | None:
     """CONTRACT §1 for one event as published at `published`: the alert it causes, if any."""
     if order["first"] is None:
         order["first"] = published
@@ -206,7 +210,7 @@ class _Alerts:
                                 json.dumps(body).encode(), "application/json", body["alert_id"])
 
 
-def _publish_trades(out: _Writer, alerts: _Alerts, rnd: random.Random, group: list[tuple[float, dict, dict]],
+def _publish_trades(out: _Writer, alerts: _Alerts, rnd: random.Random, group: list[Timed],
                     shape: Shape) -> None:
     """One trade message for `group` (published when its last event is due), then its alerts."""
     at = int(group[-1][0])
@@ -228,7 +232,7 @@ def generate(out: str, events: int, start_ms: int, rate_per_s: float = 300.0, tt
     rnd = random.Random(shape.seed)
     writer = _Writer(Path(out), shape)
     alerts = _Alerts(writer, rnd, shape)
-    group: list[tuple[float, dict, dict]] = []
+    group: list[Timed] = []
     made = messages = 0
     for item in _orders(rnd, events, start_ms, shape):
         group.append(item)

@@ -98,7 +98,7 @@ async def _supervise(settings: Settings, workers: list[Worker]) -> int:
     return _exit_code(tasks, stopped_by_signal=stop_requested.is_set())
 
 
-def _exit_code(tasks: list[asyncio.Task], stopped_by_signal: bool) -> int:
+def _exit_code(tasks: list[asyncio.Task[None]], stopped_by_signal: bool) -> int:
     code = ExitCode.OK
     for task in tasks:
         if task.cancelled():

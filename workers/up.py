@@ -30,7 +30,7 @@ log = get_logger("up")
 RESTART_DELAY_SECONDS = 0.5
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("up", help="run every worker of this machine in one process")
     parser.add_argument("--no-tracer", action="store_true", help="do not record firehose traces")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")

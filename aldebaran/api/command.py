@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # uvicorn is imported when the command runs
     import uvicorn
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("api", help="serve the AweQ-style pull API (OpenAPI at /docs)")
     parser.add_argument("--host", help="address to bind (default: api_host setting)")
     parser.add_argument("--port", type=int, help="port to bind (default: api_port setting)")

@@ -33,7 +33,7 @@ NAMES = {"raw": "raw broker ceiling (consume + ack)", "handwritten": "hand-writt
          "bytewax": "Bytewax 0.21, keyed stateful_map, 1 worker"}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("bench", help="the engine beside its peers; writes docs/benchmarks.md")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")
     parser.add_argument("--events", type=int, default=3_000_000, help="events per drain")

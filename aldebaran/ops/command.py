@@ -12,7 +12,7 @@ from aldebaran.errors import ExitCode, UnavailableError
 from aldebaran.settings import Settings
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stats = subparsers.add_parser("stats", help="queue depths and rates, open books, recent alerts, dead letters")
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.add_argument("--alerts", type=int, default=10, metavar="N", help="recent alerts to show (default 10)")

@@ -26,7 +26,7 @@ from aldebaran.settings import Settings, mask_url
 from declare.topology import channel_queue
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("delivery", help="alerts in doubt on at-most-once channels: list and settle")
     commands = parser.add_subparsers(dest="delivery_command", metavar="ACTION", required=True)
     listing = commands.add_parser("in-doubt", help="list the alerts in doubt, per channel")
