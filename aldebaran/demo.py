@@ -27,7 +27,7 @@ DOC_EXAMPLE = [
 MODE_LABELS = {"per-order": "iteration-5 per-order reference mode", "engine": "engine mode"}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("demo", help="run the pipeline on the design document's example and a stream")
     parser.add_argument("--orders", type=int, default=2000, help="orders in the generated stream")
     parser.add_argument("--book-ttl", type=float, default=15.0, help="book lifetime for the demo (seconds)")
@@ -64,7 +64,7 @@ async def _demo(settings: Settings, args: argparse.Namespace, run: str) -> int:
     expected = stream.expected | {"over_purchase:1"}
     workers = build_workers(settings, tracer=False)
     lives = [Lifecycle() for _ in workers]
-    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives)]
+    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives, strict=True)]
     alerts: dict[str, dict[str, Any]] = {}
     connection = await amqp.connect(settings, "demo")
     try:

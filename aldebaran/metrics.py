@@ -18,13 +18,19 @@ RULE_ERRORS = Counter("aldebaran_rule_errors_total",
                       "the others go on", ["app"])
 ALERTS_FIRED = Counter("aldebaran_alerts_fired_total", "Alerts published to the alert exchange", ["kind"])
 ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts suppressed as already sent")
-ALERTS_RECOVERED = Counter("aldebaran_alerts_recovered_total", "Per-order alerts found pending after a crash, by how they were settled (witnessed in the book queue: not published again; published: no witness)", ["outcome"])
+ALERTS_RECOVERED = Counter("aldebaran_alerts_recovered_total",
+                           "Per-order alerts found pending after a crash, by how they were settled (witnessed in "
+                           "the book queue: not published again; published: no witness)", ["outcome"])
 ALERTS_DELIVERED = Counter("aldebaran_alerts_delivered_total", "Alerts delivered to a channel's recipient", ["channel"])
-DELIVERY_RETRIES = Counter("aldebaran_delivery_retries_total", "Failed delivery attempts that will be retried", ["channel"])
+DELIVERY_RETRIES = Counter("aldebaran_delivery_retries_total", "Failed delivery attempts that will be retried",
+                           ["channel"])
 DELIVERY_IN_DOUBT = Counter("aldebaran_delivery_in_doubt_total",
-                            "At-most-once attempts found interrupted or ended unknown: listed, never re-sent", ["channel"])
-DELIVERY_DEAD_LETTERED = Counter("aldebaran_delivery_dead_lettered_total", "Alerts parked after the last attempt", ["channel"])
-BATCH_EVENTS = Histogram("aldebaran_batch_events", "Events per consumed or published AMQP message", ["stage"], buckets=BATCH_BUCKETS)
+                            "At-most-once attempts found interrupted or ended unknown: listed, never re-sent",
+                            ["channel"])
+DELIVERY_DEAD_LETTERED = Counter("aldebaran_delivery_dead_lettered_total", "Alerts parked after the last attempt",
+                                 ["channel"])
+BATCH_EVENTS = Histogram("aldebaran_batch_events", "Events per consumed or published AMQP message", ["stage"],
+                         buckets=BATCH_BUCKETS)
 PROCESSING_LATENCY = Histogram(
     "aldebaran_processing_latency_seconds", "Time from ingest to a pipeline stage", ["stage"], buckets=LATENCY_BUCKETS
 )
@@ -44,8 +50,10 @@ CONNECTIONS_BLOCKED = Gauge("aldebaran_connections_blocked", "Connections the br
 PUBLISH_NACKS = Counter("aldebaran_publish_nacks_total", "Publishes refused by the broker and retried", ["publisher"])
 UNROUTABLE = Counter("aldebaran_publish_unroutable_total",
                      "Mandatory publishes returned by the broker (no queue to route to) and retried", ["publisher"])
-INGEST_LAG = Gauge("aldebaran_ingest_lag_seconds", "Age of the newest event consumed (time behind the publishers)", ["stage"])
+INGEST_LAG = Gauge("aldebaran_ingest_lag_seconds", "Age of the newest event consumed (time behind the publishers)",
+                   ["stage"])
 DONE_MARKERS = Gauge("aldebaran_done_markers", "Closed books the engine remembers (late events are recognised)")
 DONE_MARKERS_FORGOTTEN = Counter("aldebaran_done_markers_forgotten_total",
-                                 "Done markers dropped before their retention because engine.done_max_markers was reached")
+                                 "Done markers dropped before their retention because engine.done_max_markers "
+                                 "was reached")
 QUEUE_DEPTH = Gauge("aldebaran_queue_depth_messages", "Messages ready in a queue, sampled by its consumer", ["queue"])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import IO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import IO
 
 from aldebaran.io.publisher import Body, publish_bodies
 from aldebaran.settings import Settings
@@ -20,7 +21,7 @@ from aldebaran.trades.events import TradeEvent
 DEFAULT_BATCH = 100
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("publish", help="publish JSON lines of trade events")
     parser.add_argument("file", help="a file of JSON lines (objects or arrays), or - for stdin")
     parser.add_argument("--rate", type=float, default=0.0, help="events per second (0 = as fast as possible)")
@@ -75,7 +76,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     from rich.progress import Progress
 
     console = Console(stderr=True)
-    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115 - closed by the `with`
     with stream, Progress(console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("publishing events", total=None)
         report = asyncio.run(publish_bodies(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -79,7 +79,7 @@ class WebhookChannel(_OutsideChannel):
         return http_url(value)
 
     @model_validator(mode="after")
-    def _no_link_local(self) -> "WebhookChannel":
+    def _no_link_local(self) -> WebhookChannel:
         host = (urlsplit(self.url).hostname or "").split("%")[0]
         if not self.allow_link_local and is_link_local(host):
             raise ValueError("url: a link-local address (169.254.0.0/16, fe80::/10) needs allow_link_local = true")
@@ -153,16 +153,8 @@ class QueueApiChannel(_ChannelBase):
 
 
 ChannelConfig = Annotated[
-    Union[
-        WebhookChannel,
-        AmqpChannel,
-        EmailChannel,
-        SmsChannel,
-        PushChannel,
-        NagiosChannel,
-        LogChannel,
-        QueueApiChannel,
-    ],
+    WebhookChannel | AmqpChannel | EmailChannel | SmsChannel | PushChannel | NagiosChannel | LogChannel
+    | QueueApiChannel,
     Field(discriminator="kind"),
 ]
 
@@ -315,7 +307,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _options_name_configured_apps(self) -> "Settings":
+    def _options_name_configured_apps(self) -> Settings:
         stray = sorted(set(self.app_options) - set(self.apps))
         if stray:
             raise ValueError(f"app_options for applications not in apps: {', '.join(stray)}")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from aldebaran.settings import Settings
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("declare", help="declare exchanges and queues (idempotent)")
     parser.add_argument("--queue-type", choices=["classic", "quorum"],
                         help="override queue_type (quorum for clusters)")
@@ -22,8 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:
     from declare.declarer import declare, describe
-    from declare.users import apply_users, parse_user
     from declare.topology import topology
+    from declare.users import apply_users, parse_user
 
     if args.queue_type:
         settings = settings.model_copy(update={"queue_type": args.queue_type})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import pika
 import pika.exceptions
@@ -10,6 +12,9 @@ import pika.exceptions
 from aldebaran.errors import TopologyConflict, UnavailableError
 from aldebaran.settings import Settings, mask_url
 from declare.topology import Topology, topology
+
+if TYPE_CHECKING:  # aio-pika is imported where it runs: the blocking declarer does not need it
+    import aio_pika.abc
 
 
 def describe(top: Topology) -> list[str]:
@@ -46,11 +51,11 @@ def declare(settings: Settings, echo: Callable[[str], None] = print) -> int:
     try:
         channel = connection.channel()
         for exchange in top.exchanges:
-            channel = _guarded(connection, channel, f"exchange {exchange.name}", lambda ch: ch.exchange_declare(
-                exchange=exchange.name, exchange_type=exchange.type, durable=True))
+            _guarded(f"exchange {exchange.name}", partial(
+                channel.exchange_declare, exchange=exchange.name, exchange_type=exchange.type, durable=True))
         for queue in top.queues:
-            channel = _guarded(connection, channel, f"queue {queue.name}", lambda ch: ch.queue_declare(
-                queue=queue.name, durable=True, arguments=queue.arguments or None))
+            _guarded(f"queue {queue.name}", partial(
+                channel.queue_declare, queue=queue.name, durable=True, arguments=queue.arguments or None))
             if queue.bind_to:
                 channel.queue_bind(queue=queue.name, exchange=queue.bind_to, routing_key=queue.name)
         for line in describe(top):
@@ -61,11 +66,10 @@ def declare(settings: Settings, echo: Callable[[str], None] = print) -> int:
             connection.close()
 
 
-def _guarded(connection: pika.BlockingConnection, channel: object, what: str,
-             action: Callable[[object], object]) -> object:
+def _guarded(what: str, action: Callable[[], object]) -> None:
+    """Run one declaration; a 406 (it exists with other arguments) says which one, by name."""
     try:
-        action(channel)
-        return channel
+        action()
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 406:
             raise TopologyConflict(
@@ -75,7 +79,7 @@ def _guarded(connection: pika.BlockingConnection, channel: object, what: str,
         raise
 
 
-async def declare_async(channel: "aio_pika.abc.AbstractChannel", settings: Settings) -> None:  # noqa: F821
+async def declare_async(channel: aio_pika.abc.AbstractChannel, settings: Settings) -> None:
     """The same topology from a worker's own aio-pika channel, so no worker needs a hand-made broker."""
     import aio_pika
 

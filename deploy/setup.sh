@@ -32,6 +32,8 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q -e '.[test]'
   rm -f .venv/.installed-*; touch "$stamp"
 fi
+# `make lint` needs only the virtualenv.
+if [ "${SETUP_VENV_ONLY:-0}" = 1 ]; then say "ready: .venv"; exit 0; fi
 
 # 2. RabbitMQ
 if ! answers "$AMQP_HOST" "$AMQP_PORT"; then

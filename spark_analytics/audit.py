@@ -11,8 +11,9 @@ deployment (`vhost`): one deployment's alerts are never judged against another's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, TypedDict
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -27,6 +28,22 @@ CHANNEL_FINDINGS = ("channel_missed", "channel_duplicate", "channel_spurious")
 Step = Callable[[str], None]
 
 
+class TornFile(TypedDict):
+    """A gzip part file that breaks off before its end (a recorder killed mid-write)."""
+
+    file: str
+    bytes_read: int
+    bytes_lost: int
+
+
+class FilesInfo(TypedDict, total=False):
+    """Damage no deployment owns, and how many part files were read."""
+
+    part_files: int
+    corrupt_lines: int
+    torn_files: list[TornFile]
+
+
 @dataclass
 class AuditResult:
     orders: DataFrame      # one row per judged (vhost, alert id), with its verdict
@@ -36,8 +53,8 @@ class AuditResult:
     vhosts: list[str]
     gaps: dict[str, list[gaps_mod.Window]]
     counts: dict[str, dict[str, int]]             # per vhost
-    files: dict[str, object] = field(default_factory=dict)   # damage no deployment owns
-    latency: dict[str, dict[str, dict]] = field(default_factory=dict)  # vhost or "all" -> kind -> stats
+    files: FilesInfo = field(default_factory=FilesInfo)   # damage no deployment owns
+    latency: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # vhost or "all" -> kind -> stats
 
 
 @dataclass
@@ -46,7 +63,7 @@ class _Input:
     vhosts: list[str]
     end_ts: dict[str, int]
     counts: dict[str, dict[str, int]]
-    files: dict[str, object]
+    files: FilesInfo
 
 
 def _in_window(col: Column, opts: AuditOptions) -> Column:
@@ -89,8 +106,9 @@ def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
     end_ts = {v: c.pop("last_ts", 0) or 0 for v, c in counts.items()}
     for v in vhosts:
         counts.setdefault(v, stats.empty_counts())
-    files_info = {"part_files": len(files), "corrupt_lines": corrupt,
-                  "torn_files": [{"file": f, "bytes_read": good, "bytes_lost": size - good} for f, good, size in torn]}
+    files_info = FilesInfo(part_files=len(files), corrupt_lines=corrupt,
+                           torn_files=[TornFile(file=f, bytes_read=good, bytes_lost=size - good)
+                                       for f, good, size in torn])
     return _Input(slim, vhosts, end_ts, counts, files_info)
 
 
@@ -122,7 +140,7 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     return AuditResult(per_order, per_channel, findings, pubs, inp.vhosts, gaps, counts, inp.files, latency)
 
 
-def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict, end_ts: dict[str, int],
+def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
             opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
     """One row per (vhost, alert id) expected or published, with its verdict; and the findings."""
     ttl_ms, grace_ms = int(opts.book_ttl_s * 1000), int(opts.grace_s * 1000)
@@ -167,7 +185,8 @@ def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict, end_ts: dict[str
 
 
 def _channels(spark: SparkSession, pub_stats: DataFrame, deliveries: DataFrame, names: dict[str, list[str]],
-              gaps: dict, end_ts: dict[str, int], opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
+              gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
+              opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
     """Every published alert once per channel of its deployment: first deliveries
     (redelivered=false) must be exactly one; broker redeliveries after a consumer crash are
     counted, not findings. (An at-most-once channel's in-doubt attempts are kept by the

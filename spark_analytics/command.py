@@ -7,7 +7,7 @@ import argparse
 from aldebaran.settings import Settings
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from spark_analytics.job import add_arguments
 
     parser = subparsers.add_parser("audit", help="audit alerts against firehose traces with PySpark")

@@ -10,6 +10,7 @@ recorders) count for every deployment.
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -47,7 +48,7 @@ def unaudited_windows(slim: DataFrame, vhosts: list[str], since_ms: int | None, 
 def _windows(life: list[int], marked: list[Window], allowed: float, since_ms: int | None,
              until_ms: int | None) -> list[Window]:
     windows = list(marked)
-    for a, b in zip(life, life[1:]):
+    for a, b in pairwise(life):
         covered = any(s - 1000 <= a and e + 1000 >= b for s, e, _ in marked)
         if b - a > allowed and not covered:
             windows.append((a, b, "no heartbeat"))

@@ -10,21 +10,23 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spark_analytics.options import AuditOptions  # noqa: E402
+from spark_analytics.options import AuditOptions
 
 
 def parse_time(text: str) -> int:
     """ISO 8601 (UTC when no offset) or a date, as epoch milliseconds."""
     moment = datetime.fromisoformat(text)
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
@@ -53,7 +55,7 @@ def options_from(args: argparse.Namespace, book_ttl_default: float = 60.0) -> Au
     since = parse_time(args.since) if args.since else None
     until = parse_time(args.until) if args.until else None
     if args.yesterday:
-        today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         until = int(today.timestamp() * 1000)
         since = until - 86_400_000
     return AuditOptions(traces_dir=args.traces, since_ms=since, until_ms=until,
@@ -110,13 +112,18 @@ def _table(info: dict[str, Any]) -> Any:
     deployments = info["deployments"]
     for v in deployments:
         table.add_column(v, justify="right")
-    rows = [("verdict", lambda d: d["verdict"]), ("trade events", lambda d: f"{d['counts']['trade_events_decoded']:,}")]
-    rows += [(k, lambda d, k=k: str(d["counts"][k])) for k in FINDINGS]
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("verdict", lambda d: d["verdict"]), ("trade events", lambda d: f"{d['counts']['trade_events_decoded']:,}")]
+    rows += [(k, partial(_counted, k)) for k in FINDINGS]
     rows += [("junk skipped", lambda d: str(sum(d["counts"].get(k, 0) for k in JUNK_TOTAL))),
              ("unaudited windows", lambda d: str(len(d["unaudited_windows"])))]
     for name, cell in rows:
         table.add_row(name, *[cell(d) for d in deployments.values()])
     return table
+
+
+def _counted(key: str, deployment: dict[str, Any]) -> str:
+    return str(deployment["counts"][key])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,9 +9,10 @@ operator reads it: verdict, counts per deployment and the plots, then the findin
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from pyspark.sql import Window
 from pyspark.sql import functions as F
@@ -23,10 +24,19 @@ from spark_analytics.options import AuditOptions
 EMPTY_LATENCY = {"count": 0, "p50": None, "p95": None, "p99": None, "max": None}
 
 
+@overload
+def iso(ms: int) -> str: ...
+
+
+@overload
+def iso(ms: None) -> None: ...
+
+
 def iso(ms: int | None) -> str | None:
+    """Epoch milliseconds as ISO 8601 UTC; None stays None (an open end of the window)."""
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 def _windows(spans: list[tuple[int, int, str]], vhost: str | None = None) -> list[dict[str, Any]]:
@@ -34,7 +44,7 @@ def _windows(spans: list[tuple[int, int, str]], vhost: str | None = None) -> lis
              "seconds": round((e - s) / 1000, 3), "reason": r} for s, e, r in spans]
 
 
-def _verdict(discrepancies: int, gaps: list) -> str:
+def _verdict(discrepancies: int, gaps: Sequence[object]) -> str:
     return "discrepancies" if discrepancies else ("unaudited" if gaps else "clean")
 
 

@@ -8,7 +8,7 @@ whose alerts are exactly right (so the audit must come back clean). Two shapes:
 - `--batch 1000`: trade data in JSON arrays of 1000 events and alerts in batches of up to
   `--alert-batch` (CONTRACT §3), as the fast engine publishes them.
 
-Records carry the firehose headers and the vhost as `workers/tracer.py` writes them, in
+Records carry the firehose headers and the vhost as `aldebaran/io/trace_files.py` writes them, in
 hourly part files of gzip members of 2000 records. It streams: memory stays flat at 10M+.
 """
 
@@ -20,15 +20,20 @@ import gzip
 import heapq
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any
 
 import msgspec
 
 MEMBER_RECORDS = 2000  # the recorder's batch: one gzip member each
 ALERT_LINGER_MS = 50   # an alert batch waits at most this long for more alerts
+
+Event = dict[str, Any]  # one trade event as JSON
+Order = dict[str, Any]  # one order's running state, shared by its events
+Timed = tuple[float, Event, Order]  # when an event is due, the event, its order
 
 
 @dataclass
@@ -48,7 +53,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _text(ev: dict) -> bytes:
+def _text(ev: Event) -> bytes:
     lines = [f"id:{ev['id']}"]
     if "initial_order_id" in ev:
         lines.append(f"initial order id: {ev['initial_order_id']}")
@@ -56,7 +61,7 @@ def _text(ev: dict) -> bytes:
     return "\n".join(lines).encode()
 
 
-def _single_body(rnd: random.Random, ev: dict) -> tuple[bytes, str]:
+def _single_body(rnd: random.Random, ev: Event) -> tuple[bytes, str]:
     form = rnd.random()
     if form < 0.5:
         return json.dumps(ev).encode(), "application/json"
@@ -94,7 +99,7 @@ class _Writer:
         self.line(ts, json.dumps(rec, separators=(",", ":")))
 
     def line(self, ts: int, text: str) -> None:
-        moment = datetime.fromtimestamp(ts / 1000, tz=timezone.utc)
+        moment = datetime.fromtimestamp(ts / 1000, tz=UTC)
         d = self.root / f"date={moment:%Y-%m-%d}" / f"hour={moment:%H}"
         lines = self._lines.setdefault(d, [])
         lines.append(text)
@@ -109,7 +114,7 @@ class _Writer:
             return
         if d not in self._open:
             d.mkdir(parents=True, exist_ok=True)
-            self._open[d] = open(d / "part-synthetic-1-00001.jsonl.gz", "ab")
+            self._open[d] = open(d / "part-synthetic-1-00001.jsonl.gz", "ab")  # noqa: SIM115 - closed by close()
         self._open[d].write(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=5))
 
     def close(self) -> None:
@@ -119,10 +124,10 @@ class _Writer:
             fh.close()
 
 
-def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Iterator[tuple[float, dict, dict]]:
+def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Iterator[Timed]:
     """(time, event, order) for about `events` trade events, in time order; `order` is shared
     state: limit, whether it has a request, events left, running sum."""
-    pending: list[tuple[float, int, dict, dict]] = []
+    pending: list[tuple[float, int, Event, Order]] = []
     t, made, n_order, seq = float(start_ms), 0, 0, 0
     while made < events:
         n_order += 1
@@ -135,7 +140,7 @@ def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Ite
                  "client": "c", "stock": "AAPL"} for i in range(n)]
         rnd.shuffle(evs)
         order["left"] = len(evs)
-        for ev, ts in zip(evs, sorted(t + rnd.uniform(0, 20_000) for _ in evs)):
+        for ev, ts in zip(evs, sorted(t + rnd.uniform(0, 20_000) for _ in evs), strict=True):
             seq += 1
             heapq.heappush(pending, (ts, seq, ev, order))
         made += len(evs)
@@ -148,7 +153,7 @@ def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Ite
         yield ts, ev, o
 
 
-def _judge(order: dict, ev: dict, published: int, rnd: random.Random, shape: Shape) -> tuple[int, str] | None:
+def _judge(order: Order, ev: Event, published: int, rnd: random.Random, shape: Shape) -> tuple[int, str] | None:
     """CONTRACT §1 for one event as published at `published`: the alert it causes, if any."""
     if order["first"] is None:
         order["first"] = published
@@ -205,7 +210,7 @@ class _Alerts:
                                 json.dumps(body).encode(), "application/json", body["alert_id"])
 
 
-def _publish_trades(out: _Writer, alerts: _Alerts, rnd: random.Random, group: list[tuple[float, dict, dict]],
+def _publish_trades(out: _Writer, alerts: _Alerts, rnd: random.Random, group: list[Timed],
                     shape: Shape) -> None:
     """One trade message for `group` (published when its last event is due), then its alerts."""
     at = int(group[-1][0])
@@ -227,7 +232,7 @@ def generate(out: str, events: int, start_ms: int, rate_per_s: float = 300.0, tt
     rnd = random.Random(shape.seed)
     writer = _Writer(Path(out), shape)
     alerts = _Alerts(writer, rnd, shape)
-    group: list[tuple[float, dict, dict]] = []
+    group: list[Timed] = []
     made = messages = 0
     for item in _orders(rnd, events, start_ms, shape):
         group.append(item)

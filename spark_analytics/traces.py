@@ -1,6 +1,6 @@
 """Reading the recorder's JSON lines: an explicit schema, hour pruning, damage counted.
 
-The schema mirrors `workers/tracer.py`'s record format but is written out here on
+The schema mirrors `aldebaran/io/trace_files.py`'s record format but is written out here on
 purpose: the audit does not import the streaming code. Damage never stops the job: a
 line that is not a JSON record (half-written, garbage, bytes that are not UTF-8) becomes a
 `_corrupt_record` row that is counted and dropped, and a part file whose gzip stream
@@ -10,7 +10,7 @@ breaks off is read up to the break (`ignoreCorruptFiles`) and listed with the by
 from __future__ import annotations
 
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -49,12 +49,12 @@ def hour_paths(root: str, since_ms: int | None, until_ms: int | None) -> list[st
     dirs = sorted(p for p in base.glob("date=*/hour=*") if p.is_dir())
     if since_ms is None and until_ms is None:
         return [str(p) for p in dirs]
-    low = datetime.fromtimestamp((since_ms or 0) / 1000, tz=timezone.utc).replace(minute=0, second=0, microsecond=0)
-    high = datetime.fromtimestamp((until_ms or 4102444800000) / 1000, tz=timezone.utc)
+    low = datetime.fromtimestamp((since_ms or 0) / 1000, tz=UTC).replace(minute=0, second=0, microsecond=0)
+    high = datetime.fromtimestamp((until_ms or 4102444800000) / 1000, tz=UTC)
     keep = []
     for p in dirs:
         try:
-            hour = datetime.strptime(f"{p.parent.name[5:]} {p.name[5:]}", "%Y-%m-%d %H").replace(tzinfo=timezone.utc)
+            hour = datetime.strptime(f"{p.parent.name[5:]} {p.name[5:]}", "%Y-%m-%d %H").replace(tzinfo=UTC)
         except ValueError:
             continue
         if low <= hour <= high or (hour < low and hour + timedelta(hours=1) > low):

@@ -13,7 +13,8 @@ or over the size limit decode to no events and are counted by the caller.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 from pyspark.sql import Column
@@ -58,11 +59,11 @@ def _let(value: Column, body: Callable[[Column], Column]) -> Column:
 def _text_form(text: Column) -> Column:
     """`key: value` lines as one map (JSON key names), or null when a line has no ':' or a
     key is unknown/repeated."""
-    lines = F.filter(F.split(text, r"\r?\n"), lambda l: F.trim(l) != "")
-    pairs = F.transform(lines, lambda l: F.struct(
-        _norm(F.substring_index(l, ":", 1)).alias("k"),
-        F.trim(l.substr(F.instr(l, ":") + 1, F.lit(1 << 30))).alias("v"),
-        F.instr(l, ":").alias("colon")))
+    lines = F.filter(F.split(text, r"\r?\n"), lambda line: F.trim(line) != "")
+    pairs = F.transform(lines, lambda line: F.struct(
+        _norm(F.substring_index(line, ":", 1)).alias("k"),
+        F.trim(line.substr(F.instr(line, ":") + 1, F.lit(1 << 30))).alias("v"),
+        F.instr(line, ":").alias("colon")))
 
     def judged(ps: Column) -> Column:
         ok = ((F.size(ps) > 0)

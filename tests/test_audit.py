@@ -16,13 +16,14 @@ import aio_pika
 import msgspec
 import pytest
 
+from aldebaran.io.trace_files import partition_dir
 from aldebaran.settings import LogChannel, Settings
 from declare.declarer import declare
 from spark_analytics.job import run
 from spark_analytics.options import AuditOptions
 from tests.support import services
 from tests.test_tracer import Running, read_records, wait_recorded
-from workers.tracer import build, partition_dir
+from workers.tracer import build
 
 pytestmark = pytest.mark.spark
 

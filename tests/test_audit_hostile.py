@@ -16,6 +16,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from aldebaran.io.trace_files import PartWriter
 from aldebaran.settings import LogChannel, Settings
 from declare.declarer import declare
 from spark_analytics.job import run
@@ -23,7 +24,7 @@ from spark_analytics.options import AuditOptions
 from tests.support import services
 from tests.test_audit import T0, alert, b64, delivery, heartbeats, known_stream, trade, write_traces
 from tests.test_tracer import Running, read_records, wait_recorded
-from workers.tracer import PartWriter, build
+from workers.tracer import build
 
 pytestmark = pytest.mark.spark
 

@@ -97,7 +97,7 @@ async def test_every_client_of_a_sentinel_url_finds_the_master_through_the_senti
         assert pool.connection_class is DiscoveringConnection
         assert pool.connection_kwargs["password"] == "s3cr/t" and pool.connection_kwargs["db"] == 2
         sentinels = [(c.connection_pool.connection_kwargs["host"], c.connection_pool.connection_kwargs["port"],
-                      c.connection_pool.connection_kwargs["password"]) for c in async_client.sentinel.sentinels]
+                      c.connection_pool.connection_kwargs["password"]) for c in async_client.discovery.sentinels]
         assert sentinels == [("h1", 26380, "sentpw"), ("h2", 26379, "sentpw"), ("::1", 5000, "sentpw")]
     finally:
         await async_client.aclose()
@@ -108,6 +108,6 @@ async def test_every_client_of_a_sentinel_url_finds_the_master_through_the_senti
     blocking = sync_client(URL, timeout=1)
     try:
         assert blocking.connection_pool.service_name == "mymaster"
-        assert [c.connection_pool.connection_kwargs["port"] for c in blocking.sentinel.sentinels] == [26380, 26379, 5000]
+        assert [c.connection_pool.connection_kwargs["port"] for c in blocking.discovery.sentinels] == [26380, 26379, 5000]
     finally:
         blocking.close()

@@ -11,11 +11,12 @@ from urllib.parse import quote
 
 import aio_pika
 
+from aldebaran.io.trace_files import partition_dir, trace_record
 from aldebaran.settings import LogChannel, Settings
 from declare.declarer import declare
 from tests.support import services
 from workers.runtime import Lifecycle
-from workers.tracer import QUEUE, Tracer, build, partition_dir, trace_record
+from workers.tracer import QUEUE, Tracer, build
 
 
 def read_records(root: Path) -> list[dict]:
@@ -168,7 +169,7 @@ async def test_firehose_found_off_is_turned_back_on_and_marked(settings: Setting
 
 
 def test_turn_on_uses_the_management_api(vhost: services.Vhost) -> None:
-    from workers.tracer import Firehose
+    from aldebaran.io.firehose import Firehose
 
     firehose = Firehose(services.MANAGEMENT_URL, vhost.name)
     assert asyncio.run(firehose.is_on()) is False

@@ -21,7 +21,8 @@ import hashlib
 import time
 import zlib
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aio_pika
 import aio_pika.abc
@@ -67,8 +68,8 @@ class WorkItem(msgspec.Struct, frozen=True):
 
 def reason_class(reason: str) -> str:
     """A low-cardinality label for the dead-letter metric."""
-    for marker, label in (("batch elements rejected", "batch_summary"), ("exceeds the limit", "oversized"), ("missing field", "missing_field"),
-                          ("#shares", "bad_shares"), ("not valid", "not_parseable"),
+    for marker, label in (("batch elements rejected", "batch_summary"), ("exceeds the limit", "oversized"),
+                          ("missing field", "missing_field"), ("#shares", "bad_shares"), ("not valid", "not_parseable"),
                           ("neither JSON", "not_parseable"), ("nested", "too_deep")):
         if marker in reason:
             return label
@@ -154,11 +155,12 @@ class Aggregator:
 
         async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             task = asyncio.current_task()
-            inflight.add(task)  # type: ignore[arg-type]
+            assert task is not None, "aio-pika runs each consumer callback in a task"
+            inflight.add(task)
             try:
                 await self.handle(message)
             finally:
-                inflight.discard(task)  # type: ignore[arg-type]
+                inflight.discard(task)
 
         tag = await queue.consume(on_message)
         backlog = asyncio.ensure_future(amqp.watch_backlog(self._declare_channels[0], TRADE_DATA, ended))
@@ -228,7 +230,7 @@ class Aggregator:
             EVENTS_CONSUMED.labels(type=type(event).__name__).inc()
             for rule in self.rules:
                 if rule.accepts(event):
-                    outputs.append(self._route(rule, event, published_ms, message.redelivered))
+                    outputs.append(self._route(rule, event, published_ms, bool(message.redelivered)))
         return outputs
 
     async def _route(self, rule: Rule[Any], event: Any, published_ms: Any, redelivered: bool = False) -> None:

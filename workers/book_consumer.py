@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
@@ -36,7 +36,7 @@ log = get_logger("books")
 class BookConsumer:
     """One open book: consumes its queue, holds events until final, closes at its deadline."""
 
-    def __init__(self, manager: "BookManager", rule: Rule[Any], item: WorkItem,
+    def __init__(self, manager: BookManager, rule: Rule[Any], item: WorkItem,
                  channel: aio_pika.abc.AbstractChannel) -> None:
         self.manager = manager
         self.rule = rule
@@ -68,11 +68,12 @@ class BookConsumer:
         self.done = bool(await self.manager.redis.exists(self.manager.done_key(self.rule, self.item.key)))
         queue = self.queue = await self.channel.declare_queue(self.item.queue, durable=True,
                                                               arguments=self.manager.book_args)
-        tag: str | None = await queue.consume(self.on_event)
+        consumer_tag = await queue.consume(self.on_event)
+        tag: str | None = consumer_tag
         finished = False
         try:
             if not await self._first_event(stopping, 2 * ttl_ms):
-                finished, tag = await self._give_up(stopping, queue, tag)
+                finished, tag = await self._give_up(stopping, queue, consumer_tag)
                 return finished
             closed_at = None
             if self.book is not None and not self.done:
@@ -203,6 +204,8 @@ class BookConsumer:
         ingest_ms = headers.get(INGEST_HEADER)
         try:
             event = self.rule.codec.unpack(message.body)
+            if not isinstance(ingest_ms, int | float):  # the aggregator stamps every event it routes
+                raise TypeError(f"{INGEST_HEADER} is {type(ingest_ms).__name__}, not a number")
             at = float(ingest_ms) / 1000.0
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
             await self.manager.dead_letter(message, f"unreadable book message: {exc}")
@@ -223,7 +226,7 @@ class BookConsumer:
             if self.book is None:
                 self.book = Book(self.rule, self.item.key, opened_at=at,
                                  ttl=self.rule.ttl_seconds(self.manager.settings.book_ttl_seconds))
-            offer = self.book.offer(event, at=at, now=datetime.now(timezone.utc))
+            offer = self.book.offer(event, at=at, now=datetime.now(UTC))
         except Exception as exc:  # noqa: BLE001 - a rule's error: refuse this event, not the session
             RULE_ERRORS.labels(app=self.rule.name).inc()
             reason = (f"application {self.rule.name} failed on this event of book {self.item.key[:200]!r}: "
@@ -278,7 +281,7 @@ class BookConsumer:
         async with self.lock:
             if self.book is None or self.done:
                 return True
-            for alert in self.book.close(datetime.now(timezone.utc)):
+            for alert in self.book.close(datetime.now(UTC)):
                 await self._emit(alert)
             if not self.doubts:
                 await self._finish()

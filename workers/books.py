@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aio_pika
 import aio_pika.abc
@@ -28,10 +29,10 @@ import redis.asyncio as aioredis
 
 from aldebaran.apps import load_rules
 from aldebaran.core.rule import Rule
-from aldebaran.io.alert_outbox import AlertOutbox
-from aldebaran.io.pipeline_watermark import WatermarkReader
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
+from aldebaran.io.alert_outbox import AlertOutbox
+from aldebaran.io.pipeline_watermark import WatermarkReader
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
 from aldebaran.metrics import BOOKS_OPEN, DEAD_LETTERED
@@ -135,7 +136,8 @@ class BookManager:
         self.books[slot] = book
         BOOKS_OPEN.inc()
         task = asyncio.current_task()
-        self._tasks.add(task)  # type: ignore[arg-type]
+        assert task is not None, "aio-pika runs each consumer callback in a task"
+        self._tasks.add(task)
         error: Exception | None = None
         try:
             finished = await book.run(self._stopping)
@@ -144,7 +146,7 @@ class BookManager:
         finally:
             del self.books[slot]
             BOOKS_OPEN.dec()
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
         if message.channel.is_closed:
             return
         if error is not None:

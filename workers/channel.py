@@ -25,8 +25,8 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext, suppress
-from typing import Sequence
 
 import aio_pika
 import aio_pika.abc
@@ -179,14 +179,14 @@ class ChannelWorker:
         try:
             ids = [(item.alert.alert_id, target) for item in chunk]
             claims = await self._ledger.claim(ids, record_attempt=self.at_most_once)
-            sending = [item for item, claim in zip(chunk, claims) if claim is Claim.NEW]
+            sending = [item for item, claim in zip(chunk, claims, strict=True) if claim is Claim.NEW]
             for item in sending:
                 item.attempts[target] = item.attempts.get(target, 0) + 1
             doubt = [(item.alert.alert_id, target, INTERRUPTED, item.alert.body)
-                     for item, claim in zip(chunk, claims) if claim is Claim.INTERRUPTED]
+                     for item, claim in zip(chunk, claims, strict=True) if claim is Claim.INTERRUPTED]
             errors = await self._send(sending, target)
             delivered, released = [], []
-            for item, error in zip(sending, errors):
+            for item, error in zip(sending, errors, strict=True):
                 if error is None:
                     delivered.append((item.alert.alert_id, target))
                     continue

@@ -58,7 +58,8 @@ def read(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[Envelope, list[
     try:
         parts = split_alerts(message.body)
     except (msgspec.DecodeError, ValueError) as exc:
-        return envelope, [], [Unreadable(envelope, message.body, message.message_id, f"unreadable alert: not JSON: {exc}")]
+        reason = f"unreadable alert: not JSON: {exc}"
+        return envelope, [], [Unreadable(envelope, message.body, message.message_id, reason)]
     items: list[Item] = []
     unreadable: list[Unreadable] = []
     for raw in parts:

@@ -1,6 +1,6 @@
 """The engine: one process consumes the ingress, holds every book, and alerts through a batched bus.
 
-A session (one broker connection) runs:
+A session (one broker connection, `workers/engine_session.py`) runs:
 1. ownership: the Redis lease (`EngineStore.acquire`); a second engine waits as standby;
 2. recovery: the done markers and the write-ahead log replayed into a fresh `Engine`,
    then every alert still pending in the outbox published again;
@@ -18,49 +18,48 @@ redelivers what was not acked and the next owner rebuilds the books (docs/engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 import uuid
 from collections import OrderedDict
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import aio_pika.abc
-import aiormq.abc
 from redis.exceptions import RedisError
 
 from aldebaran.apps import load_rules
-from aldebaran.core.batching import NaturalBatcher
 from aldebaran.core.engine import Cycle, Engine, RuleReject
-from aldebaran.core.pipeline_clock import PipelineClock
 from aldebaran.core.rule import Rule
-from aldebaran.core.wal import WalMessage
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
-from aldebaran.io.alert_bus import publish_alerts
-from aldebaran.io.alert_witness import WITNESS_QUEUE, declare_witness, read_witnesses
-from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.engine_store import EngineStore, Fenced
 from aldebaran.io.latency_samples import LatencySamples
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
-from aldebaran.metrics import (ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, BOOK_EVENTS, BOOKS_OPEN,
-                               CONFLICTING_DUPLICATES, DONE_MARKERS, EVENTS_CONSUMED, PROCESSING_LATENCY, RULE_ERRORS)
+from aldebaran.metrics import (
+    BOOK_EVENTS,
+    BOOKS_OPEN,
+    CONFLICTING_DUPLICATES,
+    DONE_MARKERS,
+    EVENTS_CONSUMED,
+    RULE_ERRORS,
+)
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
-from declare.declarer import declare_async
-from declare.topology import TRADE_DATA
-from workers.engine_cycle import CycleOutput, Delivery, alert_payloads
+from workers.engine_session import Session
 from workers.runtime import Lifecycle
 
 log = get_logger("engine")
-PUBLISHED_HEADER = "x-aldebaran-published-ms"
-REPORT_SECONDS = 1.0
 CONFLICTS_REMEMBERED = 10_000  # event ids whose conflict was logged (later ones are only counted)
 
 
 class EngineWorker:
+    """The engine process: its Redis state, its books across sessions, its metrics and logs."""
+
     name = "engine"
 
     def __init__(self, settings: Settings, rules: Sequence[Rule[Any]]) -> None:
@@ -97,10 +96,8 @@ class EngineWorker:
             await amqp.run_sessions(self.settings, self.name, life.stopping, session)
         finally:
             self.samples.flush()
-            try:
+            with contextlib.suppress(Exception):  # Redis gone: the lease expires by itself
                 await self.store.release()
-            except Exception:  # noqa: BLE001 - Redis gone: the lease expires by itself
-                pass
             await redis.aclose()
 
     async def recover(self) -> tuple[Engine, list[tuple[str, bytes]]]:
@@ -109,15 +106,15 @@ class EngineWorker:
         done, records, pending = await self.store.load()
         await self.store.sync_replicas()  # what was loaded is on the replicas before anything is re-published
         engine = self.new_engine()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if done is not None:
             engine.restore_done(done)
         for record in records:
             engine.replay(record, now)
         prefix = self.keys.alert("")
         outbox = [(key[len(prefix):], body) for key, body in pending.items()]
-        log.info("engine owns the books", apps=[rule.name for rule in self.rules], books=engine.open_books, done_markers=engine.done_markers,
-                 log_records=len(records), pending_alerts=len(outbox),
+        log.info("engine owns the books", apps=[rule.name for rule in self.rules], books=engine.open_books,
+                 done_markers=engine.done_markers, log_records=len(records), pending_alerts=len(outbox),
                  load_ms=round((time.perf_counter() - started) * 1000, 1))
         return engine, outbox
 
@@ -163,257 +160,6 @@ class EngineWorker:
             log.info("late events: their book already closed", count=self._late_logged)
             self._late_logged = 0
         self.samples.flush()
-
-
-class Session:
-    """One broker connection's worth of engine: ownership, recovery, then cycles until it ends."""
-
-    def __init__(self, worker: EngineWorker, connection: aio_pika.abc.AbstractConnection,
-                 ended: asyncio.Event, life: Lifecycle) -> None:
-        self.worker = worker
-        self.config = worker.config
-        self.store = worker.store
-        self.connection = connection
-        self.ended = ended
-        self.life = life
-        self.batcher: NaturalBatcher[Delivery] = NaturalBatcher(self.config.max_cycle_messages,
-                                                                self.config.max_cycles_in_flight)
-        self.arrived = asyncio.Event()
-        self.failed: BaseException | None = None
-        self.previous: asyncio.Future[None] | None = None  # the last cycle's confirm-and-ack
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.trimming: asyncio.Future[None] | None = None  # reading alert witnesses (one at a time)
-
-    async def run(self) -> None:
-        if not await self._own():
-            return
-        engine, outbox = await self.worker.recover()
-        self.worker.engine = engine
-        start_ms = engine.resume_at_ms or int(time.time() * 1000)
-        self.clock = PipelineClock(start_ms, time.monotonic())
-        out = await self.connection.channel(publisher_confirms=True)
-        await declare_async(out, self.worker.settings)
-        self.out = await out.get_underlay_channel()
-        # Its own channel: reading witnesses (one round trip each) never holds up a publish.
-        self.witness = await (await self.connection.channel()).get_underlay_channel()
-        await declare_witness(self.witness, self.worker.settings)
-        await self._republish(outbox)
-        inbound = await self.connection.channel()
-        await inbound.set_qos(prefetch_count=self.config.prefetch)
-        self.inbound = await inbound.get_underlay_channel()
-        consume = await self.inbound.basic_consume(TRADE_DATA, self._on_delivery)
-        log.info("consuming", queue=TRADE_DATA, mode="engine", prefetch=self.config.prefetch)
-        self.life.ready()
-        try:
-            await self._cycles(engine)
-        finally:
-            if not self.inbound.is_closed:
-                try:
-                    await self.inbound.basic_cancel(consume.consumer_tag)
-                except Exception:  # noqa: BLE001 - the channel died meanwhile
-                    pass
-        await self._finish()
-
-    async def _own(self) -> bool:
-        """Hold the lease, or wait as standby until it is free (or the session ends)."""
-        waited = False
-        while not self.ended.is_set():
-            if await self.store.acquire():
-                if waited:
-                    log.warning("standby took over the engine lease")
-                return True
-            if not waited:
-                log.info("another engine holds the lease: standing by", lease_seconds=self.config.lease_seconds)
-                self.life.ready()
-                waited = True
-            await _wait(self.ended, self.config.lease_seconds / 4)
-        return False
-
-    async def _on_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
-        properties = message.header.properties
-        headers = properties.headers or {}
-        published = headers.get(PUBLISHED_HEADER)
-        self.batcher.add(Delivery(message.delivery.delivery_tag,  # type: ignore[union-attr]
-                                  WalMessage(properties.content_type or "", message.body),
-                                  published if isinstance(published, int) else 0))
-        if self.batcher.ready:
-            self.arrived.set()
-
-    async def _cycles(self, engine: Engine) -> None:
-        """Cycle after cycle until the session ends; an idle engine still closes due books."""
-        tick = self.config.tick_ms / 1000
-        last_report = last_compaction = last_renewal = time.monotonic()
-        while not self.ended.is_set() and self.failed is None:
-            batch = self.batcher.take()
-            if not batch:
-                self.arrived.clear()
-                await _wait_any(self.arrived, self.ended, tick)
-                if self.batcher.ready or self.ended.is_set():
-                    continue
-            monotonic = time.monotonic()
-            stamp = self.clock.stamp(monotonic)
-            now = datetime.now(timezone.utc)
-            cycle = engine.cycle([d.message for d in batch], stamp, now)
-            if batch or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
-                await self._commit(cycle, batch, now)
-                last_renewal = monotonic
-            if batch:
-                self.worker.count(cycle)
-            if cycle.conflicts or cycle.rejects or cycle.close_failures:
-                self.worker.troubles(cycle)
-            if monotonic - last_compaction >= self.config.compact_seconds:
-                image, trim = engine.compaction()
-                await self.store.compact(image, trim)  # fenced: only the owner goes on
-                engine.wal.trimmed(trim)
-                if self.trimming is None or self.trimming.done():
-                    self.trimming = asyncio.ensure_future(self._trim_witnesses())
-                last_compaction = monotonic
-            if monotonic - last_report >= REPORT_SECONDS:
-                self.worker.report()
-                last_report = monotonic
-        if self.failed is not None:
-            raise ConnectionError(f"engine output failed: {self.failed!r}")
-
-    async def _commit(self, cycle: Cycle, batch: list[Delivery], now: datetime) -> None:
-        """Log the cycle and record its alerts (one Redis call); confirm and ack in the background."""
-        output = CycleOutput.of(cycle, batch)
-        ids, bodies = alert_payloads(cycle.alerts)
-        fresh = await self.store.commit(cycle.record, ids, bodies) if (cycle.record or ids) else []
-        if not cycle.record and not ids:
-            await self.store.renew()
-        new = [i for i, is_new in enumerate(fresh) if is_new]
-        if len(new) < len(ids):
-            ALERTS_DEDUPLICATED.inc(len(ids) - len(new))
-        output.alert_ids = [ids[i] for i in new]
-        output.bodies = [bodies[i] for i in new]
-        output.kinds = [cycle.alerts[i].kind for i in new]
-        if batch:
-            BATCH_EVENTS.labels(stage="ingress").observe(cycle.events)
-            histogram = PROCESSING_LATENCY.labels(stage="book")
-            wall_ms = time.time() * 1000
-            for delivery in batch:
-                if delivery.published_ms:
-                    latency = max(0.0, wall_ms - delivery.published_ms)
-                    histogram.observe(latency / 1000)
-                    if self.worker.samples.enabled:
-                        self.worker.samples.add(0, latency)
-        if not batch:
-            if not output.alert_ids:
-                return
-            self.batcher.in_flight += 1  # a closing-only cycle is in flight too: `done` balances it
-        previous, self.previous = self.previous, asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._confirm_and_ack(output, previous, self.previous))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _confirm_and_ack(self, output: CycleOutput, previous: asyncio.Future[None] | None,
-                               mine: asyncio.Future[None]) -> None:
-        try:
-            sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason, _ in output.rejects]
-            if output.alert_ids:
-                sends.append(publish_alerts(self.out, output.alert_ids, output.bodies, witness=WITNESS_QUEUE))
-            if sends:
-                await asyncio.gather(*sends)
-            for _, reason, key in output.rejects:
-                held = self.worker.throttle.allow(key)
-                if held is not None:
-                    log.warning("dead-lettered", reason=reason, held_back=held)
-            if previous is not None:
-                await previous
-            if output.last_tag:
-                await self.inbound.basic_ack(output.last_tag, multiple=True)
-            if output.alert_ids:
-                await self.store.mark_sent(output.alert_ids, output.bodies)
-                for kind in set(output.kinds):
-                    ALERTS_FIRED.labels(kind=kind).inc(output.kinds.count(kind))
-                self._alert_latency(output)
-                log.debug("alerts published", count=len(output.alert_ids), first=output.alert_ids[:5])
-            mine.set_result(None)
-        except BaseException as exc:  # noqa: BLE001 - any failure ends the session; the broker redelivers
-            if self.failed is None:
-                log.error("engine output failed; the session restarts and unacked input comes back",
-                          error=repr(exc))
-                self.failed = exc
-                self.ended.set()
-            if not mine.done():
-                mine.set_exception(exc)
-            mine.exception()  # retrieved: a later cycle re-raises it, nobody else must
-        finally:
-            self.batcher.done()
-            if self.batcher.ready:
-                self.arrived.set()
-
-    def _alert_latency(self, output: CycleOutput) -> None:
-        if not output.oldest_published_ms:
-            return
-        latency = max(0.0, time.time() * 1000 - output.oldest_published_ms)
-        PROCESSING_LATENCY.labels(stage="alert").observe(latency / 1000)
-        if self.worker.samples.enabled:
-            for _ in output.alert_ids:
-                self.worker.samples.add(1, latency)
-
-    async def _republish(self, outbox: list[tuple[str, bytes]]) -> None:
-        """Alerts recorded but never marked sent (a crash in between): those a witness shows on
-        the bus are marked sent; the others never went out and are published now."""
-        witnesses = await read_witnesses(self.witness, limit=None)
-        if witnesses:
-            seen = {alert_id: raw for witness in witnesses for alert_id, raw in witness.alerts.items()}
-            settled = await self.store.settle(list(seen), list(seen.values()))
-            await self.witness.basic_ack(witnesses[-1].tag, multiple=True)
-            if settled:
-                log.warning("alerts left pending by a crash were on the bus (witnessed): not published again",
-                            count=settled)
-            outbox = [(alert_id, body) for alert_id, body in outbox if alert_id not in seen]
-        if not outbox:
-            return
-        ids = [alert_id for alert_id, _ in outbox]
-        bodies = [body for _, body in outbox]
-        await publish_alerts(self.out, ids, bodies, witness=WITNESS_QUEUE)
-        await self.store.mark_sent(ids, bodies)
-        log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
-
-    async def _trim_witnesses(self) -> None:
-        """Drop the witnesses whose alerts are all marked sent, up to the first with one still
-        in flight (confirmed, not yet marked): that one and the rest go back to the queue.
-        Runs beside the cycles, right after a compaction proved this engine still the owner."""
-        try:
-            witnesses = await read_witnesses(self.witness)
-            if not witnesses:
-                return
-            pending = await self.store.pending_among([a for witness in witnesses for a in witness.alerts])
-            keep = next((i for i, w in enumerate(witnesses) if pending & w.alerts.keys()), len(witnesses))
-            if keep:
-                await self.witness.basic_ack(witnesses[keep - 1].tag, multiple=True)
-            if keep < len(witnesses):
-                await self.witness.basic_nack(witnesses[-1].tag, multiple=True, requeue=True)
-        except Exception as exc:  # noqa: BLE001 - the next compaction tries again; unacked ones come back
-            log.warning("trimming alert witnesses failed", error=repr(exc))
-
-    async def _finish(self) -> None:
-        """Wait for the cycles in flight (confirms, acks); what was not processed comes back from the broker."""
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=self.worker.settings.shutdown_grace_seconds)
-        if self.trimming is not None:
-            self.trimming.cancel()  # unacked witnesses go back to the queue with the channel
-        self.worker.report()
-        if self.life.stopping.is_set() and self.failed is None:
-            await self.store.release()
-
-
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout=timeout)
-    except asyncio.TimeoutError:
-        pass
-
-
-async def _wait_any(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
-    waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
 
 
 def build(settings: Settings, **_: Any) -> EngineWorker:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from aldebaran.core.engine import Cycle
 from aldebaran.core.rule import Alert
@@ -31,7 +31,7 @@ class CycleOutput:
     kinds: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, cycle: Cycle, batch: Sequence[Delivery]) -> "CycleOutput":
+    def of(cls, cycle: Cycle, batch: Sequence[Delivery]) -> CycleOutput:
         rejects = [(reject.raw or batch[index].message.body, reject.reason,
                     getattr(reject, "log_key", None) or reject.reason[:80]) for index, reject in cycle.rejects]
         published = [d.published_ms for d in batch if d.published_ms]

@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 
 from aldebaran.channels.base import Alert, UnreadableAlert
 from aldebaran.io.alert_bus import publish_alerts, split_alerts
-from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.amqp import connect as connect_amqp
+from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.redis import Keys, Replicas, run_script
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
@@ -136,7 +136,7 @@ class Lookout:
                           reasons=sorted({reason for _, _, reason in unreadable})[:5])
             keys = [self._keys.delivered(FANNED_OUT, alert_id) for alert_id in alerts]
             known = await self._redis.eval(_EXISTING, len(keys), *keys) if keys else []
-            new = [(alert, key) for alert, key, seen in zip(alerts.values(), keys, known) if not seen]
+            new = [(alert, key) for alert, key, seen in zip(alerts.values(), keys, known, strict=True) if not seen]
             repeats = received - len(new)
             if repeats:
                 log.info("already fanned out, dropping the repeats", count=repeats)

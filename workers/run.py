@@ -10,7 +10,7 @@ from aldebaran.settings import Settings
 from workers import WORKER_MODULES
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("run", help="run one worker (aggregator, books, lookout, channel NAME, tracer)")
     parser.add_argument("kind", choices=sorted(WORKER_MODULES))
     parser.add_argument("name", nargs="?", help="the channel's name (for `run channel NAME`)")

@@ -12,8 +12,9 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from aldebaran import systemd
 from aldebaran.errors import AldebaranError, ExitCode
@@ -75,7 +76,7 @@ async def _supervise(settings: Settings, workers: list[Worker]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
 
-    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives)]
+    tasks = [asyncio.create_task(w.run(life), name=w.name) for w, life in zip(workers, lives, strict=True)]
     helpers = [asyncio.create_task(_announce_ready(workers, lives)), asyncio.create_task(_watchdog()),
                asyncio.create_task(_memory_watch(settings.max_rss_mib))]
     stopper = asyncio.create_task(stop_requested.wait())
@@ -92,12 +93,12 @@ async def _supervise(settings: Settings, workers: list[Worker]) -> int:
             task.cancel()
         if still:
             await asyncio.wait(still, timeout=2)
-    for task in [*helpers, stopper]:
-        task.cancel()
+    for helper in [*helpers, stopper]:
+        helper.cancel()
     return _exit_code(tasks, stopped_by_signal=stop_requested.is_set())
 
 
-def _exit_code(tasks: list[asyncio.Task], stopped_by_signal: bool) -> int:
+def _exit_code(tasks: list[asyncio.Task[None]], stopped_by_signal: bool) -> int:
     code = ExitCode.OK
     for task in tasks:
         if task.cancelled():

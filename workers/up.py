@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import importlib
 import os
@@ -29,7 +30,7 @@ log = get_logger("up")
 RESTART_DELAY_SECONDS = 0.5
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("up", help="run every worker of this machine in one process")
     parser.add_argument("--no-tracer", action="store_true", help="do not record firehose traces")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
@@ -49,7 +50,7 @@ def build_workers(settings: Settings, tracer: bool = True, aggregators: int = 0,
     kinds = ([] if aggregators or aggregator_kind is None else [aggregator_kind])
     kinds += ([] if book_workers else [books_kind]) + ["lookout"] + (["tracer"] if tracer else [])
     workers = [_module(kind).build(settings) for kind in kinds if _module(kind)]
-    children = [(aggregator_kind, i, aggregators) for i in range(aggregators)]
+    children = [(aggregator_kind, i, aggregators) for i in range(aggregators) if aggregator_kind is not None]
     children += [(books_kind, i, book_workers) for i in range(book_workers)]
     if children:
         workers.insert(0, ChildProcesses(settings, children))
@@ -143,7 +144,7 @@ class ChildProcesses:
                     process.send_signal(signal.SIGTERM)
                     try:
                         await asyncio.wait_for(waiter, timeout=self.settings.shutdown_grace_seconds + 5)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         process.kill()
                         await process.wait()
                 return
@@ -154,10 +155,8 @@ class ChildProcesses:
 
 def _die_with_parent() -> None:
     """Children get SIGTERM if `up` itself dies (even by SIGKILL): no orphan keeps consuming."""
-    try:
+    with contextlib.suppress(OSError):  # not glibc: children may outlive a killed parent
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not glibc: children may outlive a killed parent
-        pass
 
 
 def handle(args: argparse.Namespace, settings: Settings) -> int:

@@ -8,16 +8,23 @@ loop stops the beats and systemd restarts it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from aldebaran import systemd
 from aldebaran.errors import ConfigError, ExitCode
 from aldebaran.settings import Settings
 
+if TYPE_CHECKING:  # uvicorn is imported when the command runs
+    import socket
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+    import uvicorn
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("api", help="serve the AweQ-style pull API (OpenAPI at /docs)")
     parser.add_argument("--host", help="address to bind (default: api_host setting)")
     parser.add_argument("--port", type=int, help="port to bind (default: api_port setting)")
@@ -54,21 +61,19 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     config = uvicorn.Config(create_app(settings), host=host, port=port, log_level=settings.log_level,
                             access_log=settings.log_level == "debug")
     server = _notifying_server(uvicorn.Server)(config)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.run()
-    except KeyboardInterrupt:
-        pass
     # As `uvicorn.run`: a server that never started (port taken, lifespan failed) is a failure.
     return ExitCode.OK if server.started else ExitCode.UNAVAILABLE
 
 
-def _notifying_server(base: type) -> type:
+def _notifying_server(base: type[uvicorn.Server]) -> type[uvicorn.Server]:
     """A uvicorn Server that reports READY=1 once serving and WATCHDOG=1 from its main loop."""
 
-    class NotifyingServer(base):  # type: ignore[misc, valid-type]
+    class NotifyingServer(base):  # type: ignore[valid-type, misc]  # a class made from an argument
         _next_beat = 0.0
 
-        async def startup(self, sockets: list | None = None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started and not self.should_exit:
                 systemd.notify("READY=1")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -142,7 +142,7 @@ async def build_snapshot(settings: Settings, queue: PullQueue) -> dict[str, Any]
                     max_receive_count=settings.max_receive_count)
     depths = {q.name: q.messages for q in broker.queues} if broker else {}
     return {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "vhost": broker.vhost if broker else None,
         "queues": [asdict(q) for q in broker.queues] if broker else None,
         "book_queues": broker.book_queues if broker else None,
@@ -234,8 +234,8 @@ def _alerts_side(settings: Settings) -> list[dict[str, Any]]:
     ids = [a.get("alert_id") if isinstance(a.get("alert_id"), str) else None for a in alerts]
     lookups = [keys.delivered(FANNED_OUT, i) for i in ids if i]
     lookups += [keys.delivered(scope, i) for i in ids if i for name in scopes for scope in scopes[name]]
-    found = dict(zip(lookups, _statuses(settings, lookups)))
-    for alert, alert_id in zip(alerts, ids):
+    found = dict(zip(lookups, _statuses(settings, lookups), strict=True))
+    for alert, alert_id in zip(alerts, ids, strict=True):
         if alert_id is None:
             alert["fanned_out"], alert["delivery"] = None, {}
             continue

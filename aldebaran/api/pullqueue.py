@@ -14,16 +14,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Sequence
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from aldebaran.io.redis import Keys, Replicas, check_replicated, run_script, wait_replicas
 
 
-def _script(redis: aioredis.Redis, name: str):  # noqa: ANN202 - redis-py's Script type
+def _script(redis: aioredis.Redis, name: str) -> AsyncScript:
+    """One of the package's Lua scripts, loaded once per client (EVALSHA afterwards)."""
     return redis.register_script(resources.files("aldebaran.api").joinpath(name).read_text())
 
 
@@ -73,27 +75,29 @@ class PullQueue:
 
     async def send(self, message: str, dedup_id: str | None = None) -> tuple[str, bool]:
         """Enqueue; returns (key, created). With `dedup_id`, a repeat returns the first key."""
-        call = self._send_call(message, dedup_id)
-        created, actual = await run_script(self._redis, self._send, call["keys"], call["args"], self._replicas)
+        keys, args = self._send_call(message, dedup_id)
+        created, actual = await run_script(self._redis, self._send, keys, args, self._replicas)
         return _text(actual), bool(created)
 
     async def send_many(self, messages: Sequence[tuple[str, str | None]]) -> list[tuple[str, bool]]:
         """`send` for many (message, dedup id) pairs in one round trip, each enqueue atomic on its own."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for message, dedup_id in messages:
-                await self._send(client=pipe, **self._send_call(message, dedup_id))
+                keys, args = self._send_call(message, dedup_id)
+                await self._send(keys=keys, args=args, client=pipe)
             wait_replicas(pipe, self._replicas)
             replies = await pipe.execute()
         if self._replicas.count:
             check_replicated(replies.pop(), self._replicas)
         return [(_text(actual), bool(created)) for created, actual in replies]
 
-    def _send_call(self, message: str, dedup_id: str | None) -> dict[str, list[str | int]]:
-        keys: list[str | int] = [self._ready, self._bodies, self._retries]
+    def _send_call(self, message: str, dedup_id: str | None) -> tuple[list[str], list[str | int]]:
+        """The send script's keys and arguments for one message."""
+        keys = [self._ready, self._bodies, self._retries]
         if dedup_id is not None:
             keys.append(f"{self._root}:sent:{dedup_id}")
         body = json.dumps({"timestamp": self._clock(), "message": message})
-        return {"keys": keys, "args": [str(uuid.uuid4()), body, self._dedup_ttl]}
+        return keys, [str(uuid.uuid4()), body, self._dedup_ttl]
 
     async def receive(self, count: int = 1) -> list[Received]:
         """Check out up to `count` messages for one visibility window (oldest first)."""
@@ -121,7 +125,9 @@ class PullQueue:
     async def stats(self) -> Stats:
         """Lengths read in one MULTI, so they describe one moment."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.llen(self._ready).zcard(self._checkouts).llen(self._dead)
+            pipe.llen(self._ready)
+            pipe.zcard(self._checkouts)
+            pipe.llen(self._dead)
             ready, checkouts, dead = await pipe.execute()
         return Stats(int(ready), int(checkouts), int(dead))
 
@@ -132,7 +138,9 @@ class PullQueue:
     async def snapshot(self) -> dict[str, list[str]]:
         """Every key by place (ready in order, checkouts by deadline, dead): for checks."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.lrange(self._ready, 0, -1).zrange(self._checkouts, 0, -1).lrange(self._dead, 0, -1)
+            pipe.lrange(self._ready, 0, -1)
+            pipe.zrange(self._checkouts, 0, -1)
+            pipe.lrange(self._dead, 0, -1)
             ready, checkouts, dead = await pipe.execute()
         return {"ready": [_text(k) for k in ready], "checkouts": [_text(k) for k in checkouts],
                 "dead": [_text(k) for k in dead]}

@@ -9,7 +9,8 @@ start-up, so a typo or a bad value stops the worker with the key's name.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,7 +51,7 @@ def load_rule(name: str, options: Mapping[str, Any] | None = None) -> Any:
     return module.make_rule(parsed)
 
 
-def load_rules(settings: "Settings") -> list[Any]:
+def load_rules(settings: Settings) -> list[Any]:
     """Every configured application's rule, each with its own `[app_options.<name>]`."""
     rules = [load_rule(name, settings.app_options.get(name)) for name in settings.apps]
     check_queue_prefixes(rules)

@@ -6,7 +6,7 @@ The worked example of docs/extending.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,7 +46,7 @@ class ClientDailyLimit:
         return isinstance(event, Purchase)
 
     def key(self, event: Purchase, at: float) -> str:
-        return f"{datetime.fromtimestamp(at, timezone.utc):%Y-%m-%d}:{event.client}"
+        return f"{datetime.fromtimestamp(at, UTC):%Y-%m-%d}:{event.client}"
 
     def event_id(self, event: Purchase) -> str:
         # An unambiguous (order, purchase) pair: trade_limits counts purchase ids per order too.

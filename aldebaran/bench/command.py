@@ -20,16 +20,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aldebaran.settings import Settings
+
+if TYPE_CHECKING:  # the bench's modules load when the command runs
+    from aldebaran.bench.drain import Drain
+    from aldebaran.bench.workload import Workload
+    from aldebaran.io.publisher import Body
 
 SYSTEMS = ("raw", "handwritten", "bytewax", "engine")
 NAMES = {"raw": "raw broker ceiling (consume + ack)", "handwritten": "hand-written batched pika consumer",
          "bytewax": "Bytewax 0.21, keyed stateful_map, 1 worker"}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("bench", help="the engine beside its peers; writes docs/benchmarks.md")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")
     parser.add_argument("--events", type=int, default=3_000_000, help="events per drain")
@@ -108,9 +113,10 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _msgpack_prefix(workload: Any, events: int) -> list[Any]:
+def _msgpack_prefix(workload: Workload, events: int) -> list[Body]:
     """The workload's own msgpack bodies covering its first `events` events."""
-    bodies, total = [], 0
+    bodies: list[Body] = []
+    total = 0
     for body in workload.bodies:
         if total >= events:
             break
@@ -126,14 +132,14 @@ def _expected_for(name: str, expected: set[str]) -> set[str]:
 
 
 async def _workload(settings: Settings, args: argparse.Namespace, systems: list[str], label: str,
-                    bodies: list[Any], events: int, delivery: bool, workdir: Path) -> list[Any]:
+                    bodies: list[Body], events: int, delivery: bool, workdir: Path) -> list[Drain]:
     from aldebaran.bench.drain import engine_drain, peer_drain
     from aldebaran.bench.environment import Place
     from aldebaran.bench.table import median_run
 
-    results = []
+    results: list[Drain] = []
     for system in systems:
-        runs = []
+        runs: list[Drain] = []
         for _ in range(args.rounds):
             with Place(settings) as place:
                 if system == "engine":
@@ -146,12 +152,15 @@ async def _workload(settings: Settings, args: argparse.Namespace, systems: list[
     return results
 
 
-async def _sustained(settings: Settings, args: argparse.Namespace, low: Any, workdir: Path) -> tuple[Any, set[str]]:
+async def _sustained(settings: Settings, args: argparse.Namespace, low: Workload,
+                     workdir: Path) -> tuple[Drain, set[str]]:
     """The engine alone on relabelled rounds of the low-alert stream: at least a minute at 250k/s."""
     from aldebaran.bench.drain import engine_drain
     from aldebaran.bench.environment import Place
 
-    bodies, expected, index = [], set(), 0
+    bodies: list[Body] = []
+    expected: set[str] = set()
+    index = 0
     while sum(b.events for b in bodies) < args.sustained_events and index < low.max_rounds:
         bodies += low.round_bodies(index)
         expected |= low.round_expected(index)

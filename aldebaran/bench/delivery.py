@@ -67,9 +67,10 @@ class Delivery:
         await channel.basic_consume(DOWNSTREAM, self._on_bus, no_ack=True)
         self.reader = asyncio.create_task(self._read_pull())
         for args in (["lookout"], ["channel", "pull"], ["channel", "bus"]):
-            log = open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb")
-            process = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
-                                                           env=self.env, stdout=log, stderr=log)
+            # The child writes through its own copy of the descriptor; ours closes after the start.
+            with open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb") as log:
+                process = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
+                                                               env=self.env, stdout=log, stderr=log)
             self.processes.append(process)
             self.pids.append(process.pid)
 

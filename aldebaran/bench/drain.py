@@ -15,9 +15,9 @@ import socket
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import aiormq
 import aiormq.abc
@@ -93,7 +93,7 @@ async def tap(place: Place, received: Counter[str], seen_at: list[float]) -> aio
     await channel.queue_bind(TAP, ALERT, routing_key=ALERT)
     decoder = msgspec.json.Decoder()
 
-    def on_alert(message: aiormq.abc.DeliveredMessage) -> None:
+    async def on_alert(message: aiormq.abc.DeliveredMessage) -> None:
         for raw in split_alerts(message.body):
             received[decoder.decode(raw)["alert_id"]] += 1
         seen_at.append(time.monotonic())
@@ -108,9 +108,10 @@ async def peer_drain(place: Place, kind: str, name: str, bodies: Sequence[Body],
     result = Drain(name)
     await fill(place, bodies)
     path = workdir / f"{kind}-{place.vhost}.json"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aldebaran.bench.peers", kind, place.amqp_url, str(events), str(path),
-        stdout=asyncio.subprocess.PIPE, stderr=open(workdir / f"{kind}-{place.vhost}.err", "wb"))
+    with open(workdir / f"{kind}-{place.vhost}.err", "wb") as errors:  # the peer keeps its own copy
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aldebaran.bench.peers", kind, place.amqp_url, str(events), str(path),
+            stdout=asyncio.subprocess.PIPE, stderr=errors)
     meter = CpuMeter()
     assert process.stdout is not None
     try:
@@ -146,14 +147,14 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
     port = free_ports(1)
     full_env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning", **(env or {}))
     extra = Delivery(place, workdir, full_env) if delivery else None
-    logs = open(workdir / f"engine-{place.vhost}.log", "wb")
     meter = CpuMeter()
     if extra is not None:
         await extra.start()
     ready = ReadySocket(workdir / f"notify-{place.vhost}")
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
-        env=dict(extra.env if extra else full_env, NOTIFY_SOCKET=str(ready.path)), stdout=logs, stderr=logs)
+    with open(workdir / f"engine-{place.vhost}.log", "wb") as logs:  # the engine keeps its own copy
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
+            env=dict(extra.env if extra else full_env, NOTIFY_SOCKET=str(ready.path)), stdout=logs, stderr=logs)
     try:
         await ready.wait(worker)
         meter.start([worker.pid, *(extra.pids if extra else [])])
@@ -178,7 +179,6 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
         await worker.wait()
         if extra is not None:
             await extra.stop()
-        logs.close()
         await connection.close()
     return result
 
@@ -212,7 +212,7 @@ class ReadySocket:
                     raise RuntimeError(f"the worker exited with {process.returncode}")
                 try:
                     data = await asyncio.wait_for(loop.sock_recv(self.sock, 4096), timeout=0.5)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 if b"READY=1" in data:
                     return

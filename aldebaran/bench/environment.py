@@ -52,7 +52,7 @@ class Place:
                    ALDEBARAN_LOG_FORMAT="json", PYTHONUNBUFFERED="1", **extra)
         return env
 
-    def __enter__(self) -> "Place":
+    def __enter__(self) -> Place:
         user = urlsplit(self.base.amqp_url).username or "guest"
         with _management(self.base) as http:
             http.put(f"/api/vhosts/{quote(self.vhost, safe='')}").raise_for_status()

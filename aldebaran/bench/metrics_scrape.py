@@ -5,10 +5,12 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+Labels = tuple[tuple[str, str], ...]  # a sample's labels, sorted: the key within one metric
 
-def scrape(ports: list[int]) -> dict[str, dict[tuple, float]]:
+
+def scrape(ports: list[int]) -> dict[str, dict[Labels, float]]:
     """Every sample of every process's /metrics, summed over processes: name -> labels -> value."""
-    merged: dict[str, dict[tuple, float]] = {}
+    merged: dict[str, dict[Labels, float]] = {}
     for port in ports:
         try:
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -22,7 +24,7 @@ def scrape(ports: list[int]) -> dict[str, dict[tuple, float]]:
     return merged
 
 
-def total(metrics: dict[str, dict[tuple, float]], name: str, **labels: str) -> float:
+def total(metrics: dict[str, dict[Labels, float]], name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     wanted = set(labels.items())
     return sum(v for k, v in metrics.get(name, {}).items() if wanted <= set(k))

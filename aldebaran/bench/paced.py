@@ -55,9 +55,9 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
     port = free_ports(1)
     env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning",
                     ALDEBARAN_ENGINE__LATENCY_SAMPLES_DIR=samples)
-    logs = open(workdir / f"paced-{place.vhost}.log", "wb")
-    worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", "engine",
-                                                  "--metrics-port", str(port), env=env, stdout=logs, stderr=logs)
+    with open(workdir / f"paced-{place.vhost}.log", "wb") as logs:  # the engine keeps its own copy
+        worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", "engine",
+                                                      "--metrics-port", str(port), env=env, stdout=logs, stderr=logs)
     try:
         while not scrape([port]):
             await asyncio.sleep(0.1)
@@ -80,7 +80,6 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
     finally:
         worker.terminate()
         await worker.wait()
-        logs.close()
     measured = read_samples(samples)
     result.latency = {"book": percentiles(measured["book"]), "alert": percentiles(measured["alert"])}
     return result

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 import pika
@@ -118,7 +119,8 @@ def bytewax(url: str, events: int) -> dict[str, Any]:
 PEERS: dict[str, Callable[[str, int], dict[str, Any]]] = {"raw": raw, "handwritten": handwritten, "bytewax": bytewax}
 
 
-def iter_bodies(url: str, events: int, counted: Callable[[bytes, str | None], int]) -> Iterator[tuple[bytes, str | None]]:
+def iter_bodies(url: str, events: int,
+                counted: Callable[[bytes, str | None], int]) -> Iterator[tuple[bytes, str | None]]:
     """For sources that pull: the queue's bodies until `events` were seen (acked in batches)."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
     channel = connection.channel()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import median
-from typing import Sequence
 
 from aldebaran.bench.drain import Drain
 from aldebaran.bench.paced import Paced

@@ -7,7 +7,8 @@ mandatory, so an unroutable alert is a failure (retried, then parked), never a s
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aio_pika.abc
 from aio_pika.exceptions import DeliveryError

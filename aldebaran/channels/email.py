@@ -1,7 +1,7 @@
 """`email`: SMTP (optional STARTTLS or implicit TLS, optional login) via aiosmtplib.
 
-The Message-ID is `<alert_id@aldebaran>` (the id quoted when it holds a colon), so a mail system or reader that dedups on it
-sees a repeat as the same message.
+The Message-ID is `<alert_id@aldebaran>` (the id quoted when it holds a colon), so a mail
+system or reader that dedups on it sees a repeat as the same message.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ from __future__ import annotations
 import enum
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -76,7 +77,7 @@ class InDoubt:
                 "since_ms": self.since_ms, "reason": self.reason}
 
     @classmethod
-    def parse(cls, channel: str, raw: bytes | str) -> "InDoubt":
+    def parse(cls, channel: str, raw: bytes | str) -> InDoubt:
         data = json.loads(raw)
         return cls(channel, data["alert_id"], data["target"], int(data["since_ms"]), data["reason"],
                    data["body"].encode())
@@ -121,7 +122,7 @@ class DeliveryLedger:
             self._unsent.update(keys)  # whatever the script did, nothing was sent
             raise
         claims = []
-        for key, value in zip(keys, found):
+        for key, value in zip(keys, found, strict=True):
             state = value.decode() if isinstance(value, bytes) else value
             if state == "mine":
                 state = "new" if key in self._unsent else "interrupted"

@@ -6,7 +6,7 @@ Lua step as the enqueue, so a repeat can never create a second message.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 

@@ -8,9 +8,10 @@ redelivered messages on another host reaches the same verdicts.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, Sequence
+from typing import Any, Generic
 
 from aldebaran.core.rule import Alert, Rule, State
 

@@ -17,9 +17,10 @@ content is kept in `conflicts` (the first copy still wins).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -45,7 +46,7 @@ class RuleFailure:
     error: str  # "<exception type>: <message>"
 
     @classmethod
-    def of(cls, app: str, key: str | None, event: Any, exc: Exception) -> "RuleFailure":
+    def of(cls, app: str, key: str | None, event: Any, exc: Exception) -> RuleFailure:
         return cls(app, key, event, f"{type(exc).__name__}: {exc}")
 
 

@@ -13,7 +13,7 @@ fresh book, exactly as after the retention (docs/engine.md).
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
+from collections.abc import Iterable
 
 import msgspec
 

@@ -18,12 +18,13 @@ No I/O, no clock reads: the stamp and `now` (the alerts' `detected_at`) are pass
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
-from aldebaran.core.rule import Alert, Rule
 from aldebaran.core.book_store import BookStore, RuleFailure
+from aldebaran.core.rule import Alert, Rule
 from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_done, encode_record
 
 
@@ -39,7 +40,7 @@ class Cycle:
     applied: int = 0
     duplicate: int = 0
     late: int = 0
-    kinds: Counter[str] = field(default_factory=Counter)  # events consumed per event type
+    kinds: Counter[type] = field(default_factory=Counter)  # events consumed per event class
     conflicts: list[tuple[str, str, str]] = field(default_factory=list)  # (app, key, event id)
     close_failures: list[RuleFailure] = field(default_factory=list)  # a rule raised closing a book
 
@@ -56,7 +57,7 @@ class RuleReject:
     index: int | None = None
 
     @classmethod
-    def of(cls, failures: Sequence[RuleFailure]) -> "RuleReject":
+    def of(cls, failures: Sequence[RuleFailure]) -> RuleReject:
         first = failures[0]
         where = f"book {first.key[:200]!r}" if first.key is not None else "its key"
         more = f" (and {len(failures) - 1} more of its events)" if len(failures) > 1 else ""

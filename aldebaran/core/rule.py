@@ -7,8 +7,9 @@ core owns everything else (queues, dedup by event id, book lifetimes, crash reco
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 

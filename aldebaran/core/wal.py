@@ -16,7 +16,7 @@ ttl older than the closing clock holds only events of books that are closed by t
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import aiormq.abc
 import msgspec
 from pamqp import commands as spec
+from pamqp.common import FieldTable
 
 from declare.topology import ALERT
 
@@ -41,7 +42,7 @@ async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequenc
     (one publish routed to both: both hold it or neither), so an owner restarting after a
     crash can tell what went out.
     """
-    headers = {"BCC": [witness]} if witness else None
+    headers: FieldTable | None = {"BCC": [witness]} if witness else None
     sends = []
     for start in range(0, len(bodies), MAX_ALERTS_PER_MESSAGE):
         chunk = bodies[start:start + MAX_ALERTS_PER_MESSAGE]

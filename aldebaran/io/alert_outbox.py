@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from aldebaran.core.rule import Alert
 from aldebaran.io.amqp import persistent
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, as_bytes
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, ALERTS_RECOVERED
 from declare.topology import ALERT
@@ -70,6 +70,7 @@ class AlertOutbox:
         state = await self._redis.get(key)
         if state is None:  # expired between the two calls: start over
             return await self.emit(alert, queue)
+        state = as_bytes(state)
         if state == _SENT:
             ALERTS_DEDUPLICATED.inc()
             log.info("alert already sent", alert_id=alert.alert_id, order_id=alert.key)
@@ -94,6 +95,7 @@ class AlertOutbox:
 
         True when published by this call (False: it was settled as sent meanwhile)."""
         state = await self._redis.get(self._keys.alert(alert.alert_id))
+        state = as_bytes(state) if state is not None else None
         if state is not None and not state.startswith(_PENDING):
             return False
         body = state[len(_PENDING):] if state is not None else alert.to_json()

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import aiormq.abc
 import msgspec
 from pamqp import commands as spec
+from pamqp.common import FieldTable
 
 from aldebaran.io.alert_bus import split_alerts
 from aldebaran.log import get_logger
@@ -39,7 +40,7 @@ _id_decoder = msgspec.json.Decoder(_Id)
 async def declare_witness(channel: aiormq.abc.AbstractChannel, settings: Settings) -> None:
     """The witness queue, bound to the alert exchange under its own name."""
     # No delivery limit on a quorum witness queue: a witness returned by trims must never be dropped.
-    arguments = {"x-queue-type": "quorum"} if settings.queue_type == "quorum" else {}
+    arguments: FieldTable = {"x-queue-type": "quorum"} if settings.queue_type == "quorum" else {}
     await channel.queue_declare(WITNESS_QUEUE, durable=True, arguments=arguments)
     await channel.queue_bind(WITNESS_QUEUE, ALERT, routing_key=WITNESS_QUEUE)
 
@@ -65,5 +66,7 @@ async def read_witnesses(channel: aiormq.abc.AbstractChannel, limit: int | None 
                 alerts[_id_decoder.decode(raw).alert_id] = raw
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not ours: acked with the rest
             log.warning("unreadable witness message", error=str(exc))
-        witnesses.append(Witness(message.delivery.delivery_tag, alerts))
+        tag = message.delivery.delivery_tag
+        assert tag is not None, "a Basic.GetOk always carries its delivery tag"
+        witnesses.append(Witness(tag, alerts))
     return witnesses

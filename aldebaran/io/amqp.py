@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import aio_pika
 import aio_pika.abc
@@ -42,7 +44,10 @@ _aiormq_log.propagate = False
 _aiormq_log.addHandler(_BlockedWatcher())
 
 
-def rotated(urls: list[str], start: int) -> list[str]:
+T = TypeVar("T")
+
+
+def rotated(urls: Sequence[T], start: int) -> list[T]:
     """`urls` beginning at `start` (mod len): where a reconnect should try first.
 
     In cluster mode every worker lists the same nodes; starting each attempt one node
@@ -52,7 +57,7 @@ def rotated(urls: list[str], start: int) -> list[str]:
     if not urls:
         return []
     start %= len(urls)
-    return urls[start:] + urls[:start]
+    return [*urls[start:], *urls[:start]]
 
 
 class FailoverConnection(aio_pika.RobustConnection):
@@ -65,13 +70,13 @@ class FailoverConnection(aio_pika.RobustConnection):
     whichever node answers. With a single URL it behaves exactly like its parent.
     """
 
-    _urls: list[str] = []
+    _urls: tuple[str, ...] = ()
     _index: int = 0
     _rotator: asyncio.Task[None] | None = None
 
     def use_nodes(self, urls: list[str], index: int) -> None:
         """Fail over across `urls`; the connection is currently to `urls[index]`."""
-        self._urls, self._index = list(urls), index
+        self._urls, self._index = tuple(urls), index
 
     def _advance(self) -> None:
         if len(self._urls) < 2:
@@ -93,7 +98,7 @@ class FailoverConnection(aio_pika.RobustConnection):
         while not (self._close_called or self.is_closed) and not self.connected.is_set():
             try:
                 await asyncio.wait_for(self.connected.wait(), timeout=float(self.reconnect_interval) + 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._advance()
 
     async def close(self, exc: Any = asyncio.CancelledError) -> None:
@@ -118,37 +123,41 @@ async def connect_any(settings: Settings, name: str, *, robust: bool = True, url
     """`connect`, also returning the index (in `settings.broker_urls`) of the node reached."""
     last: BaseException | None = None
     urls = [url] if url else settings.broker_urls
-    order = rotated(list(range(len(urls))), start)
+    order = rotated(range(len(urls)), start)
+    properties: aio_pika.abc.HeadersType = {"connection_name": f"aldebaran-{name}"}
+    # A fixed interval (not the default backoff) when there are other nodes to try.
+    failover: dict[str, Any] = {"reconnect_interval": 2} if len(urls) > 1 else {}
     for index in order:
         candidate = urls[index]
+        connection: aio_pika.abc.AbstractConnection
         try:
             if robust:
                 connection = await aio_pika.connect_robust(
                     candidate,
-                    client_properties={"connection_name": f"aldebaran-{name}"},
+                    client_properties=properties,
                     timeout=10,
                     heartbeat=30,
                     ssl_context=tls_context(settings, candidate),
                     connection_class=FailoverConnection,
-                    **({"reconnect_interval": 2} if len(urls) > 1 else {}),
+                    **failover,
                 )
             else:
                 connection = await aio_pika.connect(
                     candidate,
-                    client_properties={"connection_name": f"aldebaran-{name}"},
+                    client_properties=properties,
                     timeout=10,
                     heartbeat=30,
                     ssl_context=tls_context(settings, candidate),
                 )
         # StopAsyncIteration: aiormq's handshake when the peer accepts and closes at once
         # (a partition, a load balancer, a booting node); it crashed the worker (exit 70).
-        except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError, StopAsyncIteration) as exc:
+        except (TimeoutError, OSError, aiormq.exceptions.AMQPError, StopAsyncIteration) as exc:
             last = exc
             log.warning("broker unreachable", url=mask_url(candidate), error=mask_url(str(exc) or repr(exc)))
             continue
-        if robust:
-            if isinstance(connection, FailoverConnection):
-                connection.use_nodes(urls, index)
+        if isinstance(connection, FailoverConnection):
+            connection.use_nodes(urls, index)
+        if isinstance(connection, aio_pika.abc.AbstractRobustConnection):
             connection.reconnect_callbacks.add(lambda *_: _reconnected(name))
         log.debug("connected to broker", url=mask_url(candidate), worker=name)
         return connection, index  # type: ignore[return-value]
@@ -212,20 +221,18 @@ async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, s
         # A lost session starts its next attempt on the next node (cluster failover).
         start = index + 1
         ended = asyncio.Event()
-        connection.close_callbacks.add(lambda *_: ended.set())
+        connection.close_callbacks.add(lambda *_, ended=ended: ended.set())
         watcher = asyncio.ensure_future(_forward(stopping, ended))
         try:
             await session(connection, ended)
-        except (aiormq.exceptions.AMQPError, ConnectionError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError) as exc:
             if not stopping.is_set():
                 log.warning("session lost", worker=name, error=mask_url(str(exc) or repr(exc)))
         finally:
             watcher.cancel()
             if not connection.is_closed:
-                try:
+                with contextlib.suppress(Exception):  # closing a dead connection may fail
                     await asyncio.wait_for(connection.close(), timeout=5)
-                except Exception:  # noqa: BLE001 - closing a dead connection may fail
-                    pass
         if not stopping.is_set():
             delay = backoff_delay(attempt)
             attempt += 1
@@ -239,10 +246,8 @@ async def _forward(source: asyncio.Event, target: asyncio.Event) -> None:
 
 
 async def _sleep_unless(stopping: asyncio.Event, delay: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), timeout=delay)
-    except asyncio.TimeoutError:
-        pass
 
 
 async def watch_backlog(channel: aio_pika.abc.AbstractChannel, queue: str, until: asyncio.Event,

@@ -20,13 +20,13 @@ round trip, so a commit the engine acts on is on a replica (docs/engine.md, Sent
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from aldebaran.core.wal import DoneImage, WalRecord, decode_done, decode_record
-from aldebaran.io.redis import Keys, Replicas, run_script
+from aldebaran.io.redis import Keys, Replicas, as_bytes, run_script
 
 LOAD_PAGE = 500  # log records per LRANGE while loading
 RECENT_ALERTS = 100
@@ -83,13 +83,13 @@ class EngineStore:
         start = 0
         while True:
             page = await self.redis.lrange(self._wal, start, start + LOAD_PAGE - 1)
-            records += [decode_record(data) for data in page]
+            records += [decode_record(as_bytes(data)) for data in page]
             if len(page) < LOAD_PAGE:
                 break
             start += LOAD_PAGE
         pending = await self.redis.hgetall(self._pending)
-        outbox = {(k.decode() if isinstance(k, bytes) else k): v for k, v in pending.items()}
-        return (decode_done(done) if done else None), records, outbox
+        outbox = {(k.decode() if isinstance(k, bytes) else k): as_bytes(v) for k, v in pending.items()}
+        return (decode_done(as_bytes(done)) if done else None), records, outbox
 
     def _op(self) -> str:
         self._ops += 1
@@ -121,7 +121,8 @@ class EngineStore:
         (and listed as recent); returns how many were pending."""
         settled = 0
         for start in range(0, len(alert_ids), 1000):
-            keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in alert_ids[start:start + 1000])]
+            chunk = alert_ids[start:start + 1000]
+            keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in chunk)]
             settled += await self._settle(keys=keys, args=[self.retention, RECENT_ALERTS,
                                                            *bodies[start:start + 1000]])
         return settled
@@ -131,7 +132,7 @@ class EngineStore:
         if not alert_ids:
             return set()
         found = await self.redis.hmget(self._pending, [self.keys.alert(a) for a in alert_ids])
-        return {alert_id for alert_id, body in zip(alert_ids, found) if body is not None}
+        return {alert_id for alert_id, body in zip(alert_ids, found, strict=True) if body is not None}
 
     async def compact(self, done_image: bytes, trim: int) -> None:
         """Store the done markers and drop the `trim` oldest log records, atomically."""

@@ -22,7 +22,7 @@ class LatencySamples:
     def __init__(self, directory: str) -> None:
         self.enabled = bool(directory)
         self._path = Path(directory) / f"{os.getpid()}.lat" if directory else None
-        self._values: dict[int, array] = {i: array("d") for i in range(len(STAGES))}
+        self._values: dict[int, array[float]] = {i: array("d") for i in range(len(STAGES))}
 
     def add(self, stage: int, latency_ms: float, weight: int = 1) -> None:
         values = self._values[stage]

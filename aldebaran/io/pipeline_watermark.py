@@ -19,6 +19,7 @@ watermark stands still until one starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import uuid
@@ -140,10 +141,8 @@ class WatermarkReader:
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             await self.poll()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), timeout=POLL_SECONDS)
-            except asyncio.TimeoutError:
-                pass
 
     def reached(self, target_ms: int) -> asyncio.Future[None]:
         """A future done once the watermark is at or past `target_ms`."""

@@ -15,9 +15,10 @@ lost with the connection); that is fine, books count an event once per event id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import aio_pika
 import aio_pika.abc
@@ -70,7 +71,7 @@ class _Link:
     fail together when a node dies, and only the first to ask replaces the connection.
     """
 
-    def __init__(self, settings: Settings, report: "PublishReport", attempts: int) -> None:
+    def __init__(self, settings: Settings, report: PublishReport, attempts: int) -> None:
         self.settings = settings
         self.report = report
         self.attempts = attempts
@@ -99,7 +100,7 @@ class _Link:
                 try:
                     await self.open(start=self.index + 1)
                     break
-                except (UnavailableError, *LOST, asyncio.TimeoutError) as exc:
+                except (TimeoutError, UnavailableError, *LOST) as exc:
                     delay = backoff_delay(attempt, base=0.2, cap=5.0)
                     log.warning("no broker node answers; publisher retrying", error=str(exc),
                                 retry_in_seconds=round(delay, 2))
@@ -113,10 +114,96 @@ class _Link:
 
     async def close(self) -> None:
         if self.connection is not None and not self.connection.is_closed:
-            try:
+            with contextlib.suppress(Exception):  # closing a dead connection may fail
                 await asyncio.wait_for(self.connection.close(), timeout=5)
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail
-                pass
+
+
+class _Sender:
+    """Publishes one body until it is confirmed: a nack or a return is retried with backoff,
+    a confirm lost with its connection is published again on the next node."""
+
+    def __init__(self, settings: Settings, link: _Link, report: PublishReport, *, max_retries: int,
+                 slots: asyncio.Semaphore, progress: Callable[[int], None] | None) -> None:
+        self.settings = settings
+        self.link = link
+        self.report = report
+        self.max_retries = max_retries
+        self.slots = slots
+        self.progress = progress
+
+    async def send(self, body: Body) -> None:
+        """Publish `body` (its window slot is taken by the caller, released here)."""
+        try:
+            for attempt in range(self.max_retries):
+                if await self._attempt(body, attempt):
+                    break
+            else:
+                raise self._refused()
+            self.report.messages += 1
+            self.report.events += body.events
+            if self.progress:
+                self.progress(body.events)
+        finally:
+            self.slots.release()
+
+    async def _attempt(self, body: Body, attempt: int) -> bool:
+        """One publish; True once confirmed, False when it must be tried again."""
+        message = aio_pika.Message(
+            body.data, content_type=body.content_type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers={PUBLISHED_HEADER: int(time.time() * 1000)})
+        generation, exchange = self.link.generation, self.link.exchange
+        assert exchange is not None
+        try:
+            await exchange.publish(message, routing_key=TRADE_DATA, timeout=30)
+            return True
+        except (TimeoutError, aio_pika.exceptions.DeliveryError) as exc:
+            if self.link.broken:  # a timeout on a dead connection is a loss, not a nack
+                self.report.resends += 1
+                await self.link.replace(generation)
+                return False
+            await self._back_off(exc, attempt, generation)
+        except (*LOST, asyncio.CancelledError) as exc:
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and (
+                    task is None or task.cancelling() or not self.link.broken):
+                raise  # a real cancellation, not a confirm dropped with its connection
+            self.report.resends += 1
+            log.warning("connection lost before the confirm; re-sending on another node",
+                        error=str(exc) or type(exc).__name__)
+            await self.link.replace(generation)
+        return False
+
+    async def _back_off(self, exc: Exception, attempt: int, generation: int) -> None:
+        """A nack or a return: count it, say why, wait before the next attempt."""
+        delay = backoff_delay(attempt, base=0.05, cap=2.0)
+        if isinstance(exc, aio_pika.exceptions.PublishError):
+            self.report.unroutable += 1
+            UNROUTABLE.labels(publisher="trade").inc()
+            log.warning("no queue is bound to the trade exchange (run `aldebaran declare`); "
+                        "retrying", retry_in_seconds=round(delay, 3))
+        else:
+            self.report.nacks += 1
+            PUBLISH_NACKS.labels(publisher="trade").inc()
+            log.warning("broker refused a message; retrying", reason=str(exc) or "timeout",
+                        retry_in_seconds=round(delay, 3))
+        await asyncio.sleep(delay)
+        if attempt >= 2 and len(self.settings.broker_urls) > 1:
+            # A node that keeps refusing may hold a stale view of a quorum
+            # queue's leader after a failover (RabbitMQ 3.10 nacks every
+            # publish then, until the old leader is back): a fresh channel on
+            # the next node asks anew. Once per connection, not per message.
+            await self.link.replace(generation)
+
+    def _refused(self) -> PublishRefused:
+        if self.report.unroutable and not self.report.nacks:
+            return PublishRefused(
+                f"the broker returned a message {self.max_retries} times: no queue is bound to "
+                f"{TRADE_DATA}; run `aldebaran declare` and publish again")
+        return PublishRefused(
+            f"the broker refused a message {self.max_retries} times (ingress full: "
+            "overflow = reject-publish, or flow control); nothing was lost — "
+            "retry later, slow down (--rate), or add consumers")
 
 
 async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: float = 0.0,
@@ -132,68 +219,8 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
     started = time.perf_counter()
     try:
         slots = asyncio.Semaphore(window)
+        sender = _Sender(settings, link, report, max_retries=max_retries, slots=slots, progress=progress)
         pending: set[asyncio.Task[None]] = set()
-
-        async def send(body: Body) -> None:
-            try:
-                for attempt in range(max_retries):
-                    message = aio_pika.Message(
-                        body.data, content_type=body.content_type,
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        headers={PUBLISHED_HEADER: int(time.time() * 1000)})
-                    generation, exchange = link.generation, link.exchange
-                    assert exchange is not None
-                    try:
-                        await exchange.publish(message, routing_key=TRADE_DATA, timeout=30)
-                        break
-                    except (aio_pika.exceptions.DeliveryError, asyncio.TimeoutError) as exc:
-                        if link.broken:  # a timeout on a dead connection is a loss, not a nack
-                            report.resends += 1
-                            await link.replace(generation)
-                            continue
-                        delay = backoff_delay(attempt, base=0.05, cap=2.0)
-                        if isinstance(exc, aio_pika.exceptions.PublishError):
-                            report.unroutable += 1
-                            UNROUTABLE.labels(publisher="trade").inc()
-                            log.warning("no queue is bound to the trade exchange (run `aldebaran declare`); "
-                                        "retrying", retry_in_seconds=round(delay, 3))
-                        else:
-                            report.nacks += 1
-                            PUBLISH_NACKS.labels(publisher="trade").inc()
-                            log.warning("broker refused a message; retrying", reason=str(exc) or "timeout",
-                                        retry_in_seconds=round(delay, 3))
-                        await asyncio.sleep(delay)
-                        if attempt >= 2 and len(settings.broker_urls) > 1:
-                            # A node that keeps refusing may hold a stale view of a quorum
-                            # queue's leader after a failover (RabbitMQ 3.10 nacks every
-                            # publish then, until the old leader is back): a fresh channel on
-                            # the next node asks anew. Once per connection, not per message.
-                            await link.replace(generation)
-                    except (*LOST, asyncio.CancelledError) as exc:
-                        task = asyncio.current_task()
-                        if isinstance(exc, asyncio.CancelledError) and (
-                                task is None or task.cancelling() or not link.broken):
-                            raise  # a real cancellation, not a confirm dropped with its connection
-                        report.resends += 1
-                        log.warning("connection lost before the confirm; re-sending on another node",
-                                    error=str(exc) or type(exc).__name__)
-                        await link.replace(generation)
-                else:
-                    if report.unroutable and not report.nacks:
-                        raise PublishRefused(
-                            f"the broker returned a message {max_retries} times: no queue is bound to "
-                            f"{TRADE_DATA}; run `aldebaran declare` and publish again")
-                    raise PublishRefused(
-                        f"the broker refused a message {max_retries} times (ingress full: "
-                        "overflow = reject-publish, or flow control); nothing was lost — "
-                        "retry later, slow down (--rate), or add consumers")
-                report.messages += 1
-                report.events += body.events
-                if progress:
-                    progress(body.events)
-            finally:
-                slots.release()
-
         sent_events = 0
         for body in bodies:
             if rate:
@@ -201,7 +228,7 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                 if ahead > 0:
                     await asyncio.sleep(ahead)
             await slots.acquire()
-            task = asyncio.create_task(send(body))
+            task = asyncio.create_task(sender.send(body))
             pending.add(task)
             task.add_done_callback(pending.discard)
             sent_events += body.events

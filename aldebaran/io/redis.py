@@ -15,14 +15,15 @@ the `WAIT`, which would vouch for nothing on a new master (docs/operations.md, S
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 import redis.sentinel
-from redis.asyncio.retry import Retry
 from redis.asyncio.connection import SSLConnection
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.commands.core import AsyncScript
@@ -51,7 +52,7 @@ class Replicas:
     timeout_ms: int = 2000
 
     @classmethod
-    def of(cls, settings: Settings) -> "Replicas":
+    def of(cls, settings: Settings) -> Replicas:
         return cls(settings.redis_replicas_required, int(settings.redis_replica_ack_timeout_seconds * 1000))
 
 
@@ -91,22 +92,22 @@ class DiscoveringSSLConnection(DiscoveringConnection, SSLConnection):
 class _SentinelRedis(aioredis.Redis):
     """A master client that also closes its connections to the sentinels."""
 
-    sentinel: Sentinel | None = None
+    discovery: Sentinel | None = None  # the sentinels that found the master (not the SENTINEL command)
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         await super().aclose(close_connection_pool)
-        if self.sentinel is not None:
-            await self.sentinel.aclose()
+        if self.discovery is not None:
+            await self.discovery.aclose()
 
 
 class _SyncSentinelRedis(redis.Redis):
     """The synchronous twin of `_SentinelRedis`."""
 
-    sentinel: redis.sentinel.Sentinel | None = None
+    discovery: redis.sentinel.Sentinel | None = None
 
     def close(self) -> None:
         super().close()
-        for sentinel in self.sentinel.sentinels if self.sentinel is not None else ():
+        for sentinel in self.discovery.sentinels if self.discovery is not None else ():
             sentinel.close()
 
 
@@ -135,7 +136,7 @@ def client(settings: Settings) -> aioredis.Redis:
                                  connection_pool_class=BlockingSentinelPool,
                                  connection_class=DiscoveringSSLConnection if target.tls else DiscoveringConnection,
                                  **_master_kwargs(target, settings.tls_ca_file), **common)
-    master.sentinel = sentinel
+    master.discovery = sentinel
     return master
 
 
@@ -152,7 +153,7 @@ def sync_client(url: str, *, timeout: float, tls_ca_file: str | None = None) -> 
                                        sentinel_kwargs=_sentinel_kwargs(target, tls_ca_file, SyncRetry))
     master = sentinel.master_for(target.service_name, redis_class=_SyncSentinelRedis,
                                  **_master_kwargs(target, tls_ca_file), **common)
-    master.sentinel = sentinel
+    master.discovery = sentinel
     return master
 
 
@@ -231,6 +232,11 @@ def check_replicated(acked: Any, replicas: Replicas) -> None:
         REDIS_NOT_REPLICATED.inc()
         raise NotReplicated(f"{acked} of {replicas.count} Redis replicas acknowledged within "
                             f"{replicas.timeout_ms} ms (redis_min_replicas_acked)")
+
+
+def as_bytes(value: bytes | str) -> bytes:
+    """A reply as bytes: our clients never decode replies, but redis-py's types allow `str`."""
+    return value if isinstance(value, bytes) else value.encode()
 
 
 class Keys:

@@ -12,17 +12,19 @@ from aldebaran.errors import ExitCode, UnavailableError
 from aldebaran.settings import Settings
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stats = subparsers.add_parser("stats", help="queue depths and rates, open books, recent alerts, dead letters")
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.add_argument("--alerts", type=int, default=10, metavar="N", help="recent alerts to show (default 10)")
     stats.add_argument("--peek", type=int, default=5, metavar="N",
                        help="dead letters to peek at, requeued untouched (default 5; 0 to skip)")
     stats.add_argument("--metrics", action="append", default=[], metavar="URL",
-                       help="a worker's /metrics URL; open books are then summed from aldebaran_books_open (repeatable)")
+                       help="a worker's /metrics URL; open books are then summed from aldebaran_books_open "
+                            "(repeatable)")
     stats.set_defaults(handler=handle_stats)
 
-    health = subparsers.add_parser("health", help="check RabbitMQ (AMQP and management API) and Redis; non-zero if down")
+    health = subparsers.add_parser("health",
+                                   help="check RabbitMQ (AMQP and management API) and Redis; non-zero if down")
     health.add_argument("--json", action="store_true", help="print JSON instead of a table")
     health.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per check (default 5)")
     health.set_defaults(handler=handle_health)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+from datetime import UTC
+
 import pika
 import pika.exceptions
 import redis
@@ -24,7 +26,7 @@ from aldebaran.settings import Settings, mask_url
 from declare.topology import channel_queue
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("delivery", help="alerts in doubt on at-most-once channels: list and settle")
     commands = parser.add_subparsers(dest="delivery_command", metavar="ACTION", required=True)
     listing = commands.add_parser("in-doubt", help="list the alerts in doubt, per channel")
@@ -71,7 +73,7 @@ def in_doubt_counts(settings: Settings) -> dict[str, int]:
     with _redis(settings) as conn, conn.pipeline(transaction=False) as pipe:
         for config in settings.channels:
             pipe.hlen(keys.in_doubt(config.name))
-        return {c.name: int(n) for c, n in zip(settings.channels, pipe.execute())}
+        return {c.name: int(n) for c, n in zip(settings.channels, pipe.execute(), strict=True)}
 
 
 def settle(settings: Settings, channel: str, alert_id: str, target: str, *, send_again: bool) -> InDoubt:
@@ -145,7 +147,7 @@ def handle_settle(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _utc(ms: int) -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
 

@@ -27,7 +27,8 @@ class Management:
     def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
         parts = urlsplit(settings.management_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"management_url: must be http(s)://user:password@host:port/ (got {mask_url(settings.management_url)})")
+            raise ConfigError("management_url: must be http(s)://user:password@host:port/ "
+                              f"(got {mask_url(settings.management_url)})")
         netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
         base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         self.url = mask_url(settings.management_url)
@@ -39,21 +40,29 @@ class Management:
             timeout=timeout,
         )
 
-    def __enter__(self) -> "Management":
+    def __enter__(self) -> Management:
         return self
 
     def __exit__(self, *_: object) -> None:
         self._http.close()
 
+    def _unreachable(self, exc: httpx.HTTPError) -> UnavailableError:
+        return UnavailableError(f"RabbitMQ management API at {self.url} unreachable: {exc or type(exc).__name__}")
+
+    def _refused(self) -> ConfigError:
+        return ConfigError(f"RabbitMQ management API at {self.url} refused the credentials "
+                           "(check ALDEBARAN_MANAGEMENT_URL)")
+
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise UnavailableError(f"RabbitMQ management API at {self.url} unreachable: {exc or type(exc).__name__}") from None
+            raise self._unreachable(exc) from None
         if response.status_code == 401:
-            raise ConfigError(f"RabbitMQ management API at {self.url} refused the credentials (check ALDEBARAN_MANAGEMENT_URL)")
+            raise self._refused()
         if response.status_code == 404:
-            raise UnavailableError(f"RabbitMQ management API at {self.url}: {path} not found (is vhost {self.vhost!r} there?)")
+            raise UnavailableError(f"RabbitMQ management API at {self.url}: {path} not found "
+                                   f"(is vhost {self.vhost!r} there?)")
         if response.is_error:
             raise UnavailableError(f"RabbitMQ management API at {self.url}: {path} answered {response.status_code}")
         return response.json()
@@ -63,9 +72,9 @@ class Management:
         try:
             response = self._http.put(path, json=body)
         except httpx.HTTPError as exc:
-            raise UnavailableError(f"RabbitMQ management API at {self.url} unreachable: {exc or type(exc).__name__}") from None
+            raise self._unreachable(exc) from None
         if response.status_code == 401:
-            raise ConfigError(f"RabbitMQ management API at {self.url} refused the credentials (check ALDEBARAN_MANAGEMENT_URL)")
+            raise self._refused()
         if response.is_error:
             raise UnavailableError(f"RabbitMQ management API at {self.url}: PUT {path.split('/')[2]} answered "
                                    f"{response.status_code}")

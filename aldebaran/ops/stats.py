@@ -10,15 +10,16 @@ with their `x-aldebaran-reason`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from aldebaran.errors import AldebaranError
-from aldebaran.io.redis import Keys, describe, sync_client
+from aldebaran.io.redis import Keys, as_bytes, describe, sync_client
 from aldebaran.log import get_logger
 from aldebaran.ops.management import Management
 from aldebaran.settings import Settings, mask_url
@@ -144,7 +145,8 @@ def _dead_letter(message: dict[str, Any]) -> DeadLetter:
     )
 
 
-def peek_dead_letters(mgmt: Management, queue: dict[str, Any] | None, count: int) -> tuple[list[DeadLetter], str | None]:
+def peek_dead_letters(mgmt: Management, queue: dict[str, Any] | None,
+                      count: int) -> tuple[list[DeadLetter], str | None]:
     """The oldest `count` dead letters, requeued untouched, and a note when not peeked.
 
     A quorum queue counts every requeue as a delivery and drops the message at
@@ -172,7 +174,8 @@ def recent_alerts(settings: Settings, count: int) -> list[dict[str, Any]]:
             alert = json.loads(item)
         except ValueError:
             alert = None
-        alerts.append(alert if isinstance(alert, dict) else {"unreadable": item.decode(errors="replace")[:200]})
+        unreadable = {"unreadable": as_bytes(item).decode(errors="replace")[:200]}
+        alerts.append(alert if isinstance(alert, dict) else unreadable)
     return alerts
 
 

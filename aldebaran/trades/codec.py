@@ -7,8 +7,9 @@ so one bad element is rejected and its neighbours go on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterable
+from typing import Annotated, Any
 
 import msgspec
 
@@ -137,7 +138,7 @@ def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
     append = events.append
     for wire in wires:
         ident = wire.id
-        if ident.__class__ is int:
+        if isinstance(ident, int):  # msgspec never yields a bool here
             ident = str(ident)
         elif not ident.strip() or id_too_long(ident) is not None:
             return None
@@ -148,7 +149,7 @@ def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
         if order is None:
             append(PurchaseRequest(ident, wire.shares, client, stock))
             continue
-        if order.__class__ is int:
+        if isinstance(order, int):
             order = str(order)
         elif not order.strip() or id_too_long(order) is not None:
             return None

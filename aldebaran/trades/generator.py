@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 
@@ -84,4 +85,4 @@ def _split(rng: random.Random, total: int, parts: int) -> list[int]:
     """`parts` positive integers summing to `total` (total >= parts)."""
     cuts = sorted(rng.sample(range(1, total), parts - 1)) if parts > 1 else []
     bounds = [0, *cuts, total]
-    return [b - a for a, b in zip(bounds, bounds[1:])]
+    return [b - a for a, b in pairwise(bounds)]

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from workers.tracer import complete_length
+from aldebaran.io.trace_files import complete_length
 
 TRADE_EXCHANGE = "Aldebaran.Trade_Data"
 ALERT_EXCHANGE = "Aldebaran.Alert"
