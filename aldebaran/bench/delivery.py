@@ -86,7 +86,7 @@ class Delivery:
             await asyncio.sleep(0.05)
         return max(self.last_new.values())
 
-    def _on_bus(self, message: aiormq.abc.DeliveredMessage) -> None:
+    async def _on_bus(self, message: aiormq.abc.DeliveredMessage) -> None:
         self._land("bus", message.header.properties.message_id or "")
 
     def _land(self, name: str, alert_id: str) -> None:
