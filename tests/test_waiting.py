@@ -20,7 +20,7 @@ def test_wait_until_fails_naming_the_condition_and_what_it_last_saw() -> None:
 
 
 def test_wait_until_not_required_hands_back_the_last_value() -> None:
-    assert wait_until(lambda: [], "nothing", timeout=0.05, pause=0.01, required=False) == []
+    assert wait_until(list, "nothing", timeout=0.05, pause=0.01, required=False) == []
 
 
 def test_errors_named_as_not_yet_are_retried_and_reported() -> None:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tests.faults.fleet import FULL, TEST_TIMEOUT, Fleet, RetryingPublisher
+from tests.support import services
 from tests.support.pipeline import Broker, read_alert_message
 from tests.support.waiting import wait_until
 
@@ -137,7 +138,7 @@ def build(case: dict, n: int, exp: Expectation) -> bytes:
     return b"\xff" + case["noise"]  # binary garbage, not even UTF-8
 
 
-def books_that_may_fire(broker: Broker, vhost) -> list[str]:  # noqa: ANN001 - a services.Vhost
+def books_that_may_fire(broker: Broker, vhost: services.Vhost) -> list[str]:
     """The work queue or ingress with messages ready (a book about to open), and the book
     queues with a consumer (an open book) or messages (a book to come)."""
     pending = [q for q in ("Aldebaran.Trade_Data", "Aldebaran.Purchase_Request") if broker.depth(q)]
