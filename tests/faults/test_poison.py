@@ -39,7 +39,8 @@ def test_a_once_poisonous_element_is_dead_lettered_alone_at_once(worker_env, vho
 
         def drain() -> bool:
             dead.extend(broker.drain("Aldebaran.Dead_Letter"))
-            alerts.update(a["alert_id"] for p, body in broker.drain("test.alert-tap") for a in read_alert_message(p, body))
+            for props, body in broker.drain("test.alert-tap"):
+                alerts.update(a["alert_id"] for a in read_alert_message(props, body))
             return bool(dead) and {"over_purchase:p1", "over_purchase:after"} <= alerts
 
         wait_until(drain, lambda: f"the dead letter and both alerts (dead {len(dead)}, alerts {sorted(alerts)})",
