@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aio_pika
 import aiormq.exceptions
@@ -14,6 +13,7 @@ from aldebaran.settings import Settings
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from declare.topology import TRADE_DATA, WORK_QUEUE
+from tests.support.waiting import eventually
 from workers.aggregator import Aggregator
 from workers.runtime import Lifecycle
 
@@ -32,10 +32,13 @@ async def _depth(connection: aio_pika.abc.AbstractConnection, queue: str) -> int
 
 
 async def _until(connection: aio_pika.abc.AbstractConnection, queue: str, count: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while (depth := await _depth(connection, queue)) != count:
-        assert time.monotonic() < deadline, f"{queue} holds {depth} messages, expected {count}"
-        await asyncio.sleep(0.1)
+    held: list[int | None] = [None]
+
+    async def there() -> bool:
+        held[0] = await _depth(connection, queue)
+        return held[0] == count
+
+    await eventually(there, lambda: f"{count} messages in {queue} (it holds {held[0]})", timeout, pause=0.1)
 
 
 async def test_a_book_queue_gone_while_cached_is_declared_again_not_published_into_nowhere(

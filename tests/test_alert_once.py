@@ -9,8 +9,6 @@ book manager rebuilds the book, computes the alert again and finds it in doubt.
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pytest
 import redis
@@ -20,19 +18,13 @@ from aldebaran.trades.events import Purchase, PurchaseRequest
 from declare.topology import ALERT, book_queue_arguments
 from tests.support import services
 from tests.support.pipeline import TAP, alert_counts, collect_alerts, worker
+from tests.support.waiting import wait_until
 
 ORDER = "doubt"
 ALERT_ID = f"over_purchase:{ORDER}"
 RECORDED = (b'{"alert_id": "over_purchase:doubt", "kind": "over_purchase", "order_id": "doubt", '
             b'"client": "c", "stock": "s", "requested_shares": 100, "purchased_shares": 120, '
             b'"purchase_ids": ["d1", "d2"], "detected_at": "2026-01-01T00:00:00.000Z"}')
-
-
-def _wait(condition, timeout: float = 30, what: str = "") -> None:  # noqa: ANN001 - a callable
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("went_out", [True, False], ids=["published-before-the-crash", "never-published"])
@@ -44,7 +36,7 @@ def test_an_alert_in_doubt_after_a_crash_reaches_the_bus_once(went_out: bool, br
     with worker(env, tmp_path / "aggregator.log", "aggregator"):
         broker.publish([PurchaseRequest(ORDER, 100, "c", "s"), Purchase("d1", ORDER, 60, "c", "s"),
                         Purchase("d2", ORDER, 60, "c", "s")], batch=3)
-        _wait(lambda: broker.depth(queue) == 3, what="the events in the book queue")
+        wait_until(lambda: broker.depth(queue) == 3, "the events in the book queue")
         # The state a book manager killed mid-publish leaves: pending in Redis, and (if the
         # publish made it) the alert on the bus with its witness behind the events.
         store.set(f"{redis_prefix}:alert:{ALERT_ID}", b"pending:" + RECORDED)
@@ -55,10 +47,10 @@ def test_an_alert_in_doubt_after_a_crash_reaches_the_bus_once(went_out: bool, br
             broker.channel.basic_publish(ALERT, ALERT, RECORDED, pika.BasicProperties(
                 message_id=ALERT_ID, content_type="application/json", delivery_mode=2, headers={"BCC": [queue]}))
         with worker(env, tmp_path / "books.log", "books"):
-            _wait(lambda: store.get(f"{redis_prefix}:book-done:trade_limits:{ORDER}") is not None,
-                  what="the rebuilt book to finish")
+            wait_until(lambda: store.get(f"{redis_prefix}:book-done:trade_limits:{ORDER}") is not None,
+                       "the rebuilt book to finish")
             alerts = collect_alerts(broker, expected=1, timeout=10, settle=2)
-            _wait(lambda: broker.depth(queue) == 0, what="every held message acked")
+            wait_until(lambda: broker.depth(queue) == 0, "every held message acked")
     log = (tmp_path / "books.log").read_text()
     assert alert_counts(alerts) == {ALERT_ID: 1}
     assert alerts[0]["detected_at"] == "2026-01-01T00:00:00.000Z"  # the recorded alert, not a new one
@@ -89,9 +81,9 @@ def test_an_engine_alert_left_pending_by_a_crash_reaches_the_bus_once(went_out: 
         broker.channel.basic_publish(ALERT, ALERT, RECORDED, pika.BasicProperties(
             message_id=ALERT_ID, content_type="application/json", delivery_mode=2, headers={"BCC": [WITNESS_QUEUE]}))
     with running(dict(worker_env, ALDEBARAN_MODE="engine"), tmp_path / "up.log") as pipeline:
-        _wait(lambda: store.get(alert_key) == b"sent", what="the outbox settled")
+        wait_until(lambda: store.get(alert_key) == b"sent", "the outbox settled")
         alerts = collect_alerts(broker, expected=1, timeout=10, settle=2)
-        _wait(lambda: broker.depth(WITNESS_QUEUE) == 0 or not went_out, what="the witness read and acked")
+        wait_until(lambda: broker.depth(WITNESS_QUEUE) == 0 or not went_out, "the witness read and acked")
         log = pipeline.log()
     assert alert_counts(alerts) == {ALERT_ID: 1}
     assert not store.hgetall(f"{redis_prefix}:engine:pending")

@@ -22,7 +22,7 @@ from declare.declarer import declare
 from spark_analytics.job import run
 from spark_analytics.options import AuditOptions
 from tests.support import services
-from tests.test_tracer import Running, read_records, wait_recorded
+from tests.test_tracer import Running, read_records, wait_covered_past_last_record, wait_recorded
 from workers.tracer import build
 
 pytestmark = pytest.mark.spark
@@ -152,7 +152,7 @@ async def record_known_stream(settings: Settings, vhost: services.Vhost) -> int:
                     await message.ack()
                     expected_records += 1
             await wait_recorded(tracer, expected_records)
-            await asyncio.sleep(1.2)  # heartbeats after the last alert: the end is covered
+            await wait_covered_past_last_record(tracer, 1200)  # heartbeats after the last alert: the end is covered
     return expected_records
 
 

@@ -23,7 +23,7 @@ from spark_analytics.job import run
 from spark_analytics.options import AuditOptions
 from tests.support import services
 from tests.test_audit import T0, alert, b64, delivery, heartbeats, known_stream, trade, write_traces
-from tests.test_tracer import Running, read_records, wait_recorded
+from tests.test_tracer import Running, read_records, wait_covered_past_last_record, wait_recorded
 from workers.tracer import build
 
 pytestmark = pytest.mark.spark
@@ -84,7 +84,7 @@ async def record(settings: Settings, steps: list[tuple], name: str) -> int:
                 await (await queue.get(timeout=5)).ack()
                 recorded += 1
             await wait_recorded(tracer, recorded)
-            await asyncio.sleep(1.2)  # heartbeats after the last alert: the end is covered
+            await wait_covered_past_last_record(tracer, 1200)  # heartbeats after the last alert: the end is covered
     return recorded
 
 

@@ -6,13 +6,14 @@ import json
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
 from aldebaran.trades.events import Purchase
 from aldebaran.trades.generator import generate
 from tests.support.pipeline import Broker, Pipeline, alert_counts, collect_alerts, declare
+from tests.support.tracing import wait_traced
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -47,11 +48,9 @@ def test_audit_of_a_real_run_is_clean(vhost, worker_env, tmp_path) -> None:
         expected = stream.expected | {"over_purchase:1"}
         alerts = collect_alerts(broker, expected=len(expected), timeout=90, settle=3)
         assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected}
-        deadline = time.monotonic() + 60  # both channels delivered everything
-        while time.monotonic() < deadline and any(
-                broker.depth(f"Aldebaran.Channel.{name}") for name in ("ops-log", "pull")):
-            time.sleep(0.5)
-        time.sleep(2)  # the recorder flushes every 0.5 s
+        wait_until(lambda: not any(broker.depth(f"Aldebaran.Channel.{name}") for name in ("ops-log", "pull")),
+                   "both channels to deliver everything", timeout=60)
+        wait_traced(lambda body: broker.publish_raw(body, "application/json"), traces)
     finally:
         assert pipeline.stop() == 0
         broker.close()

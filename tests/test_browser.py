@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -23,6 +22,7 @@ import httpx
 import pytest
 
 from tests.support.pipeline import Broker, declare, running
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -67,17 +67,13 @@ def free_port() -> int:
 
 def wait_serving(base: str, api: subprocess.Popen[bytes], log_path: Path) -> None:
     """Until the API answers (a start-up bound, not a speed claim)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def serving() -> bool:
         if api.poll() is not None:
             raise AssertionError(f"aldebaran api exited with {api.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(base + "/", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"aldebaran api did not answer:\n{log_path.read_text()}")
+        return httpx.get(base + "/", timeout=2).status_code == 200
+
+    wait_until(serving, lambda: f"aldebaran api to answer:\n{log_path.read_text()}", timeout=60,
+               ignoring=(httpx.HTTPError,))
 
 
 @pytest.fixture

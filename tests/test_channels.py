@@ -33,6 +33,7 @@ from aldebaran.settings import Settings
 from declare.declarer import declare
 from declare.topology import ALERT, REASON_HEADER, channel_dead_letter, channel_queue
 from tests.support import services
+from tests.support.waiting import eventually
 from workers.channel import ChannelWorker
 from workers.runtime import Lifecycle, Worker
 
@@ -81,16 +82,6 @@ def get_all(amqp_url: str, queue: str) -> list[tuple[pika.BasicProperties, bytes
             out.append((props, body))
     finally:
         connection.close()
-
-
-async def eventually(check, what: str, timeout: float = WAIT_SECONDS) -> None:
-    """Poll `check` until true; fail naming `what` (a liveness bound, not a speed claim)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager

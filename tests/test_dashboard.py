@@ -9,7 +9,6 @@ until the figure shows (a liveness bound, not a speed claim).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 from datetime import datetime, timezone
@@ -28,6 +27,7 @@ from aldebaran.io.redis import connect as connect_redis
 from aldebaran.settings import Settings
 from declare.declarer import declare
 from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER
+from tests.support.waiting import eventually
 from tests.test_pull_api import api_server
 
 JSON = {"Content-Type": "application/json"}
@@ -97,17 +97,17 @@ def dead_letter(settings: Settings, body: bytes, reason: str, message_id: str) -
 
 
 async def poll_dashboard(http: httpx.AsyncClient, until: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_SECONDS
-    while True:
+    last: dict[str, Any] = {}
+
+    async def shown() -> dict[str, Any] | None:
         response = await http.get("/api/dashboard")
         assert response.status_code == 200, response.text
-        data = response.json()
-        if until(data):
-            return data
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last snapshot:\n{json.dumps(data, indent=1)}")
-        await asyncio.sleep(0.3)
+        last.clear()
+        last.update(response.json())
+        return dict(last) if until(last) else None
+
+    return await eventually(shown, lambda: f"{what}; last snapshot:\n{json.dumps(last, indent=1)}",
+                            WAIT_SECONDS, pause=0.3)
 
 
 def queue(data: dict[str, Any], name: str) -> dict[str, Any] | None:

@@ -13,7 +13,8 @@ import httpx
 from aldebaran.errors import ExitCode
 from aldebaran.settings import Settings
 from declare.declarer import declare
-from tests.test_channels import eventually, http_peer, make_alert, publish, with_channels
+from tests.support.waiting import eventually
+from tests.test_channels import http_peer, make_alert, publish, with_channels
 
 ALDEBARAN = str(Path(sys.executable).with_name("aldebaran"))
 
@@ -60,16 +61,16 @@ async def test_api_command_serves_and_refuses_an_open_bind_without_token(worker_
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
             replies: list[httpx.Response] = []
 
-            async def poll() -> None:
+            async def answered() -> bool:
+                if process.returncode is not None:
+                    return True  # it exited: the assertion below shows its output
                 try:
                     replies.append(await http.get("/get-stats"))
                 except httpx.TransportError:
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
 
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
-            while not replies and process.returncode is None and loop.time() < deadline:
-                await poll()
+            await eventually(answered, "the API to answer", timeout=60, pause=0.1, required=False)
     finally:
         code, output = await stop(process)
     assert replies and replies[0].json()["stats"]["checkout_lifetime"] == "120s", output

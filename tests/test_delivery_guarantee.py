@@ -33,7 +33,8 @@ from aldebaran.ops.stats import channel_rows
 from aldebaran.settings import Settings
 from declare.declarer import declare
 from declare.topology import REASON_HEADER, channel_dead_letter, channel_queue
-from tests.test_channels import FAST, eventually, get_all, make_alert, publish, queue_depth, running, with_channels
+from tests.support.waiting import eventually
+from tests.test_channels import FAST, get_all, make_alert, publish, queue_depth, running, with_channels
 from workers.channel import ChannelWorker
 
 ALDEBARAN = str(Path(sys.executable).with_name("aldebaran"))

@@ -15,6 +15,7 @@ import pytest
 from aldebaran.trades.generator import generate
 from tests.support import services
 from tests.support.pipeline import Broker, Pipeline, alert_counts, collect_alerts, declare, running
+from tests.support.waiting import wait_until
 
 JUNK = [{"id": "j"}, {"id": "", "#shares": 1, "client": "c", "stock": "s"}, "not an event", 7]
 
@@ -90,10 +91,7 @@ def test_the_engine_fires_exactly_the_alerts_of_the_per_order_reference(tmp_path
                     junk += _publish_adversarial(broker, stream.events[start:start + 250])
                     time.sleep(0.5)
                 results[mode] = collect_alerts(broker, expected=len(stream.expected), timeout=120, settle=4)
-                deadline = time.monotonic() + 30
-                while broker.depth("Aldebaran.Dead_Letter") < junk and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                dead[mode] = broker.drain("Aldebaran.Dead_Letter")
+                dead[mode] = broker.drain_until("Aldebaran.Dead_Letter", junk, timeout=30)
             broker.close()
         finally:
             services.delete_vhost(vhost)
@@ -110,12 +108,8 @@ def test_the_engine_fires_exactly_the_alerts_of_the_per_order_reference(tmp_path
 def _wait_parent_ready(pipeline: Pipeline, timeout: float = 60) -> None:
     assert pipeline.process is not None
     marker = f'"pid": {pipeline.process.pid}'
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any('"event": "ready"' in line and marker in line for line in pipeline.log().splitlines()):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"up not ready:\n{pipeline.log()[-3000:]}")
+    wait_until(lambda: any('"event": "ready"' in line and marker in line for line in pipeline.log().splitlines()),
+               lambda: f"up to be ready:\n{pipeline.log()[-3000:]}", timeout)
 
 
 def _engine_children(parent: psutil.Process) -> list[psutil.Process]:
@@ -141,13 +135,10 @@ def test_sigkill_of_the_engine_three_times_mid_stream_loses_and_duplicates_nothi
             broker.publish(stream.events[part * quarter:(part + 1) * quarter if part < 3 else None], batch=50)
             if part == 3:
                 break
-            deadline = time.monotonic() + 60
-            while not (victims := [c for c in _engine_children(parent) if c.pid not in killed]):
-                assert time.monotonic() < deadline, "up did not restart the engine"
-                time.sleep(0.05)
-            while not _owns_books(pipeline.log(), len(killed) + 1):  # it recovered and consumes
-                assert time.monotonic() < deadline, pipeline.log()[-3000:]
-                time.sleep(0.05)
+            victims = wait_until(lambda: [c for c in _engine_children(parent) if c.pid not in killed],
+                                 "up to restart the engine", timeout=60, pause=0.05)
+            wait_until(lambda: _owns_books(pipeline.log(), len(killed) + 1),  # it recovered and consumes
+                       lambda: f"the engine to recover and consume:\n{pipeline.log()[-3000:]}", timeout=60, pause=0.05)
             os.kill(victims[0].pid, signal.SIGKILL)
             killed.append(victims[0].pid)
         alerts = collect_alerts(broker, expected=len(stream.expected), timeout=120, settle=6)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from urllib.parse import unquote
 
 import pytest
@@ -107,7 +106,7 @@ def test_hostile_ids_and_a_forged_work_item_alert_exactly_once(mode, broker, wor
         expected = {f"over_purchase:{key}" for key in HOSTILE} | {f"over_purchase:plain-{n}" for n in range(len(HOSTILE))}
         expected.add(f"purchase_without_request:{orphan}")
         alerts = collect_alerts(broker, expected=len(expected), timeout=90, settle=2)
-        dead = _wait_dead_letters(broker, 2 + forged_items)
+        dead = broker.drain_until(DEAD_LETTER, 2 + forged_items)
         log = pipeline.log()
     assert alert_counts(alerts) == {alert_id: 1 for alert_id in expected}
     reasons = sorted(p.headers["x-aldebaran-reason"] for p, _ in dead)
@@ -117,17 +116,6 @@ def test_hostile_ids_and_a_forged_work_item_alert_exactly_once(mode, broker, wor
     assert len(dead) == 2 + forged_items  # the 3,000 junk elements are one summary dead letter
     assert "3000 of 3000 batch elements rejected: 3000 x an event must be an object, got int (first at index 0)" in reasons
     assert log.count('"event": "dead-lettered"') <= 4  # rate-limited: one line per kind
-
-
-def _wait_dead_letters(broker, count: int, timeout: float = 30) -> list:
-    dead: list = []
-    deadline = time.monotonic() + timeout
-    while len(dead) < count and time.monotonic() < deadline:
-        got = broker.drain(DEAD_LETTER)
-        dead += got
-        if not got:
-            time.sleep(0.1)
-    return dead
 
 
 def test_a_work_item_must_name_its_own_book_queue() -> None:

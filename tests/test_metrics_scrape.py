@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -28,6 +27,7 @@ from aldebaran import metrics
 from aldebaran.settings import Settings
 from declare.declarer import open_blocking
 from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ALDEBARAN = str(Path(sys.executable).with_name("aldebaran"))
@@ -102,15 +102,16 @@ def test_counters_move_on_a_running_aggregator(aggregator: int, settings: Settin
     purchase = {"id": "m2", "initial_order_id": "m1", "#shares": 4, "client": "acme", "stock": "XYZ"}
     publish_trades(settings, [json.dumps(request).encode(), json.dumps(purchase).encode(), b"\x00 not a trade"])
 
-    end = time.monotonic() + 30
     after = before
-    while time.monotonic() < end:
+
+    def counted() -> bool:
+        nonlocal after
         after = scrape(aggregator)
-        if (total(after, "aldebaran_events_consumed_total") - total(before, "aldebaran_events_consumed_total") >= 2
+        return (total(after, "aldebaran_events_consumed_total") - total(before, "aldebaran_events_consumed_total") >= 2
                 and total(after, "aldebaran_messages_dead_lettered_total")
-                - total(before, "aldebaran_messages_dead_lettered_total") >= 1):
-            break
-        time.sleep(0.2)
+                - total(before, "aldebaran_messages_dead_lettered_total") >= 1)
+
+    wait_until(counted, "2 events consumed and 1 dead letter on /metrics", timeout=30, pause=0.2, required=False)
     consumed = total(after, "aldebaran_events_consumed_total") - total(before, "aldebaran_events_consumed_total")
     dead = total(after, "aldebaran_messages_dead_lettered_total") - total(before, "aldebaran_messages_dead_lettered_total")
     assert consumed == 2, after

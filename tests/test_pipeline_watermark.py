@@ -9,6 +9,7 @@ from aldebaran.core.pipeline_clock import StampsInFlight
 from aldebaran.io import redis as redis_io
 from aldebaran.io.pipeline_watermark import WatermarkReader, WatermarkWriter, restart_stamp
 from aldebaran.settings import Settings
+from tests.support.waiting import eventually
 
 
 def test_the_watermark_holds_back_at_the_oldest_stamp_not_yet_confirmed() -> None:
@@ -41,12 +42,14 @@ async def test_books_see_the_slowest_live_aggregator_and_never_go_back(settings:
         assert reader.value == 2_000 and reached.done()
         assert await restart_stamp(redis, key) == 5_000 + 100  # the newest stamp, plus one interval
         later = reader.reached(3_000)
-        deadline = time.monotonic() + 5
-        while not later.done():  # the slow one stops writing (it died): it drops out
-            assert time.monotonic() < deadline, reader.value
+
+        async def dropped_out() -> bool:  # the slow one stops writing (it died): after 0.5 s it drops out
             await fast.write(5_100, 5_100)
             await reader.poll()
-            await asyncio.sleep(0.1)
+            return later.done()
+
+        await eventually(dropped_out, lambda: f"the silent writer to drop out (watermark {reader.value})",
+                         timeout=5, pause=0.1)
         assert reader.value == 5_100
         await slow.write(1_000, 1_000)  # a laggard coming back never moves the watermark back
         await reader.poll()
@@ -70,14 +73,12 @@ async def test_a_restarted_aggregator_goes_on_from_the_recorded_stamp(settings: 
         life = Lifecycle()
         running = asyncio.create_task(first.run(life))
         await asyncio.wait_for(life._ready.wait(), timeout=60)
-        await asyncio.sleep(0.3)  # a few records
+        await eventually(lambda: restart_stamp(redis, key), "the first aggregator's record of its stamps")
         life.stopping.set()
         await asyncio.wait_for(running, timeout=60)
         assert first.clock is not None
         newest = first.clock.stamp(time.monotonic())
-        stopped = time.monotonic()
-        while time.monotonic() - stopped < down_seconds:  # the aggregator is down
-            await asyncio.sleep(0.1)
+        await asyncio.sleep(down_seconds)  # by design: the aggregator is down this long
         second = Aggregator(settings, load_rules(settings))
         life = Lifecycle()
         running = asyncio.create_task(second.run(life))

@@ -8,7 +8,6 @@ and everything around it goes on; the log says so once per kind, with a count.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 
 import httpx
@@ -85,17 +84,6 @@ def test_alert_ids_are_bounded_for_every_transport() -> None:
     assert bounded_alert_id("a\ud800").isascii()  # not UTF-8 encodable: shortened to a form that is
 
 
-def _dead_letters(broker, count: int, timeout: float = 60) -> list:
-    dead: list = []
-    deadline = time.monotonic() + timeout
-    while len(dead) < count and time.monotonic() < deadline:
-        got = broker.drain(DEAD_LETTER)
-        dead += got
-        if not got:
-            time.sleep(0.1)
-    return dead
-
-
 @pytest.mark.parametrize("mode", ["engine", "per-order"])
 def test_a_rule_that_raises_stalls_nothing(mode, broker, worker_env, tmp_path) -> None:
     env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="3", ALDEBARAN_MODE=mode, ALDEBARAN_DELIVERY_LIMIT="2",
@@ -112,7 +100,7 @@ def test_a_rule_that_raises_stalls_nothing(mode, broker, worker_env, tmp_path) -
         expected.add("purchase_without_request:closing")
         alerts = collect_alerts(broker, expected=len(expected), timeout=90, settle=2)
         # per-order: the "closing" book fails at its close twice, then its work item is dead-lettered
-        dead = _dead_letters(broker, 5 + (mode == "per-order"))
+        dead = broker.drain_until(DEAD_LETTER, 5 + (mode == "per-order"))
         samples = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         alive = pipeline.process.poll() is None  # type: ignore[union-attr]
         log = pipeline.log()

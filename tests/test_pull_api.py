@@ -21,7 +21,7 @@ from aldebaran.api.dashboard import create_app
 from aldebaran.api.command import check_exposure, is_loopback
 from aldebaran.errors import ConfigError
 from aldebaran.settings import Settings
-from tests.test_channels import eventually
+from tests.support.waiting import eventually
 
 JSON = {"Content-Type": "application/json"}
 
@@ -121,15 +121,11 @@ async def test_an_unacknowledged_message_comes_back_with_one_more_retry(settings
 
         again: list[dict] = []
 
-        async def receive() -> None:
+        async def came_back() -> bool:
             again.extend((await http.get("/receive-message")).json()["messages"])
+            return bool(again)
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while not again:
-            assert loop.time() < deadline, "the message never came back"
-            await receive()
-            await asyncio.sleep(0.05)
+        await eventually(came_back, "the unacknowledged message to come back")
         [second] = again
         assert second["key"] == key
         assert second["retry_count"] == 1
@@ -147,16 +143,16 @@ async def test_a_message_received_max_receive_count_times_moves_to_the_dead_lett
                                     "max_receive_count": 2})
     async with api_server(s) as http:
         await http.post("/send-message", json={"message": "poison"})
-        receipts = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while True:
+        receipts: list[dict] = []
+
+        async def dead_lettered() -> dict | None:
             stats = (await http.get("/get-stats")).json()["stats"]
             if stats["dead_letter_count"]:
-                break
-            assert loop.time() < deadline, "never dead-lettered"
-            receipts += (await http.get("/receive-message")).json()["messages"]
-            await asyncio.sleep(0.05)
+                return stats
+            receipts.extend((await http.get("/receive-message")).json()["messages"])
+            return None
+
+        stats = await eventually(dead_lettered, "the message moved to the dead-letter list")
         assert [m["retry_count"] for m in receipts] == [0, 1]
         assert (stats["queue_length"], stats["checkouts_count"], stats["dead_letter_count"]) == (0, 0, 1)
         assert (await http.get("/receive-message")).json()["messages"] == []

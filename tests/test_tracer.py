@@ -6,6 +6,8 @@ import asyncio
 import base64
 import gzip
 import json
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,6 +17,7 @@ from aldebaran.io.trace_files import partition_dir, trace_record
 from aldebaran.settings import LogChannel, Settings
 from declare.declarer import declare
 from tests.support import services
+from tests.support.waiting import eventually
 from workers.runtime import Lifecycle
 from workers.tracer import QUEUE, Tracer, build
 
@@ -56,12 +59,41 @@ class Running:
         await asyncio.wait_for(self.task, 20)
 
 
+# A part file read while the recorder appends a member: its tail is not complete yet.
+HALF_WRITTEN = (EOFError, OSError, zlib.error, ValueError)
+
+
 async def wait_recorded(tracer: Tracer, count: int, timeout: float = 15) -> None:
-    for _ in range(int(timeout * 20)):
-        if tracer.recorded >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"recorded {tracer.recorded} of {count}")
+    await eventually(lambda: tracer.recorded >= count, lambda: f"{count} records written, {tracer.recorded} so far",
+                     timeout)
+
+
+async def wait_written(root: Path, found: Callable[[list[dict]], object], what: str) -> list[dict]:
+    """Until the records on disk show `what` (`found` of them is truthy); returns them."""
+    records: list[dict] = []
+
+    def probe() -> object:
+        records[:] = read_records(root)
+        return found(records)
+
+    await eventually(probe, f"{what} on disk", ignoring=HALF_WRITTEN)
+    return records
+
+
+def periodic_beats(records: list[dict]) -> list[dict]:
+    """The recorder's heartbeats from its loop (start, stop and catch-up beats name an event)."""
+    return [r for r in records if r["kind"] == "heartbeat" and "event" not in r]
+
+
+async def wait_covered_past_last_record(tracer: Tracer, past_ms: int) -> None:
+    """Until a periodic heartbeat of `tracer` lies `past_ms` after the last publish or delivery
+    it traced: the recording covers the stream's end, so the audit can judge the last alerts."""
+    def covered(records: list[dict]) -> bool:
+        mine = [r for r in records if r.get("recorder") == tracer.recorder]
+        last = max((r["ts"] for r in mine if r["kind"] in ("publish", "deliver")), default=None)
+        return last is not None and any(r["ts"] >= last + past_ms for r in periodic_beats(mine))
+
+    await wait_written(tracer.root, covered, f"a heartbeat {past_ms} ms after the last traced record")
 
 
 def with_channels(settings: Settings, *names: str) -> Settings:
@@ -107,7 +139,7 @@ async def test_records_trade_data_alerts_and_channel_deliveries(settings: Settin
             message = await queue.get(timeout=5)
             await message.ack()
             await wait_recorded(tracer, 3)
-            await asyncio.sleep(0.3)
+            await wait_written(Path(settings.traces_dir), periodic_beats, "a heartbeat from the recorder's loop")
     records = read_records(Path(settings.traces_dir))
     traced = [r for r in records if r["kind"] in ("publish", "deliver")]
     assert [(r["kind"], r["exchange"] or r["queue"]) for r in traced] == [
@@ -116,7 +148,9 @@ async def test_records_trade_data_alerts_and_channel_deliveries(settings: Settin
     assert traced[1]["message_id"] == "over_purchase:1" and traced[2]["message_id"] == "over_purchase:1"
     assert traced[2]["redelivered"] is False
     assert all(isinstance(r["ts"], int) for r in traced)
-    assert sum(1 for r in records if r["kind"] == "heartbeat") >= 2
+    beats = [r for r in records if r["kind"] == "heartbeat"]
+    assert [r.get("event") for r in beats if r.get("event")] == ["start", "stop"]
+    assert periodic_beats(records), "heartbeats while recording, not only at start and stop"
     assert not [r for r in records if r["kind"] == "gap"], "first start: nothing to mark"
     connection = await aio_pika.connect(vhost.amqp_url)
     async with connection:
@@ -128,7 +162,8 @@ async def test_restart_marks_the_outage_and_the_drained_backlog_as_a_gap(setting
                                                                         vhost: services.Vhost) -> None:
     declare(settings, echo=lambda _: None)
     async with Running(build(settings, heartbeat_seconds=0.5, linger_seconds=0.1)):
-        await asyncio.sleep(0.2)
+        await wait_written(Path(settings.traces_dir), lambda rs: [r for r in rs if r.get("event") == "start"],
+                           "the first recorder's start heartbeat")
     # While no recorder runs, the firehose stays on and its durable queue keeps the trace.
     connection = await aio_pika.connect(vhost.amqp_url)
     async with connection:
@@ -136,11 +171,16 @@ async def test_restart_marks_the_outage_and_the_drained_backlog_as_a_gap(setting
         trades = await channel.get_exchange("Aldebaran.Trade_Data")
         for i in range(5):
             await trades.publish(aio_pika.Message(f'{{"id": {i}}}'.encode()), routing_key="Aldebaran.Trade_Data")
-    await asyncio.sleep(1.0)
+
+        async def held() -> bool:
+            return (await channel.declare_queue(QUEUE, passive=True)).declaration_result.message_count >= 5
+
+        await eventually(held, "the 5 traces held in the recorder's queue")
     tracer = build(settings, heartbeat_seconds=0.5, linger_seconds=0.1)
     async with Running(tracer):
         await wait_recorded(tracer, 5)
-        await asyncio.sleep(0.5)
+        await wait_written(Path(settings.traces_dir), lambda rs: [r for r in rs if r["kind"] == "gap"],
+                           "the gap marker for the drained backlog")
     records = read_records(Path(settings.traces_dir))
     gaps = [r for r in records if r["kind"] == "gap"]
     assert len(gaps) == 1, gaps
@@ -154,15 +194,12 @@ async def test_restart_marks_the_outage_and_the_drained_backlog_as_a_gap(setting
 async def test_firehose_found_off_is_turned_back_on_and_marked(settings: Settings, vhost: services.Vhost) -> None:
     declare(settings, echo=lambda _: None)
     tracer = build(settings, heartbeat_seconds=0.3, check_seconds=0.3, linger_seconds=0.1)
+    root = Path(settings.traces_dir)
     async with Running(tracer):
-        await asyncio.sleep(0.7)
+        await wait_written(root, periodic_beats, "a heartbeat from the recorder's loop")
         set_tracing(vhost, False)  # what a broker restart does
-        for _ in range(60):
-            await asyncio.sleep(0.1)
-            if tracing_on(vhost):
-                break
-        assert tracing_on(vhost)
-        await asyncio.sleep(0.3)
+        await eventually(lambda: tracing_on(vhost), "the recorder to turn the firehose back on")
+        await wait_written(root, lambda rs: [r for r in rs if r["kind"] == "gap"], "the gap marker")
     gaps = [r for r in read_records(Path(settings.traces_dir)) if r["kind"] == "gap"]
     assert [g["reason"] for g in gaps] == ["firehose was off"]
     assert gaps[0]["end"] > gaps[0]["start"]

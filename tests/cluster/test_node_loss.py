@@ -37,6 +37,7 @@ from tests.faults.fleet import WebhookServer
 from tests.support import services
 from tests.support.checker import check
 from tests.support.pipeline import declare, read_alert_message, running
+from tests.support.waiting import quiet_window, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -133,12 +134,13 @@ class Monitor(threading.Thread):
 def _await_new_leader(cluster, queue: str, old: str, timeout: float = 60) -> float:
     """Seconds until `queue` reports a leader other than `old` (polled through the CLI)."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
+
+    def moved() -> bool:
         leader = cluster.queue_leaders().get(queue, ("", 0))[0]
-        if leader and leader != old:
-            return time.monotonic() - started
-        time.sleep(0.5)
-    return float("nan")
+        return bool(leader) and leader != old
+
+    found = wait_until(moved, f"a new leader for {queue}", timeout, pause=0.5, required=False)
+    return time.monotonic() - started if found else float("nan")
 
 
 def _tap(url: str) -> None:
@@ -206,10 +208,8 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redi
         monitor = Monitor(publisher, recipient)
         monitor.start()
         publisher.start()
-        deadline = time.monotonic() + 120
-        while publisher.confirmed < STOP_AT * len(stream.events) and publisher.is_alive():
-            assert time.monotonic() < deadline, "the stream did not reach the stop point"
-            time.sleep(0.05)
+        wait_until(lambda: publisher.confirmed >= STOP_AT * len(stream.events) or not publisher.is_alive(),
+                   "the stream to reach the stop point", timeout=120, pause=0.05)
         stop_started = time.monotonic()
         confirmed_at_stop = publisher.confirmed
         cluster.stop_node(victim.index)
@@ -224,10 +224,9 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redi
         assert publisher.error is None, repr(publisher.error)
         stream_done = publisher.timeline[-1][0]  # the last confirm
 
-        deadline = time.monotonic() + 150
-        while not stream.expected <= set(recipient.deliveries()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(3)  # settle: late copies would show up as duplicates
+        wait_until(lambda: stream.expected <= set(recipient.deliveries()), "every alert at the webhook",
+                   timeout=150, pause=0.5, required=False)
+        quiet_window(3, "a late copy follows a redelivery after the node loss: no barrier orders it")
         all_in = time.monotonic()
         monitor.done.set()
         up_log = pipeline.log()

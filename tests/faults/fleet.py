@@ -29,6 +29,7 @@ from aldebaran.io.redis import sync_client
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import TradeEvent
 from tests.support.checker import SinkReport, check
+from tests.support.waiting import quiet_window, wait_until
 
 KINDS = ("engine", "lookout", "hook", "pull")  # the default mode; per-order tests name their kinds
 CHANNEL_KINDS = {"hook": ("channel", "hook"), "pull": ("channel", "pull")}
@@ -151,15 +152,14 @@ class Fleet:
     def wait_ready(self, kind: str, timeout: float = 90) -> None:
         """Wait until the latest process of `kind` said it is ready."""
         before = self._ready_before.get(kind, 0)
-        deadline = time.monotonic() + timeout
         process = self.processes[kind]
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"{kind} exited with {process.returncode}:\n{self.tail(kind)}")
-            if self.log_path(kind).read_text(errors="replace").count('"event": "ready"') > before:
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"{kind} not ready after {timeout}s:\n{self.tail(kind)}")
+            return self.log_path(kind).read_text(errors="replace").count('"event": "ready"') > before
+
+        wait_until(ready, lambda: f"{kind} to be ready:\n{self.tail(kind)}", timeout)
 
     def start_all(self) -> "Fleet":
         for kind in self.kinds:
@@ -275,18 +275,16 @@ def wait_for_sinks(expected: set[str], sinks: dict[str, Callable[[], list[str]]]
                    ) -> dict[str, SinkReport]:
     """Poll every sink until it has every expected alert, or has it in doubt (at-most-once,
     `in_doubt` readers by sink), or the bounded wait ends; then keep listening `settle`
-    seconds more so late repeats are caught too."""
+    seconds more so late repeats are caught too (a quiet window: a repeat comes from a
+    redelivery after a fault, which nothing the test could publish is ordered after)."""
     doubt = in_doubt or {}
 
     def accounted(name: str, read: Callable[[], list[str]]) -> bool:
         return expected <= set(read()) | set(doubt[name]() if name in doubt else ())
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(accounted(name, read) for name, read in sinks.items()):
-            break
-        time.sleep(0.5)
-    time.sleep(settle)
+    wait_until(lambda: all(accounted(name, read) for name, read in sinks.items()),
+               "every sink to account for every expected alert", timeout, pause=0.5, required=False)
+    quiet_window(settle, "a late repeat follows a redelivery after a fault: no barrier orders it")
     return {name: check(name, expected, read(), doubt[name]() if name in doubt else ())
             for name, read in sinks.items()}
 
@@ -332,16 +330,15 @@ class PrivateRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--appendonly", "yes",
              "--appendfsync", "everysec", "--dir", str(self.root), "--save", "",
              *(["--requirepass", self.password] if self.password else [])], stdout=out, stderr=out)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                self._client(1).ping()
-                return self
-            except redis.exceptions.RedisError:
-                if self.process.poll() is not None:
-                    raise RuntimeError((self.root / "redis.log").read_text()[-2000:]) from None
-                time.sleep(0.1)
-        raise RuntimeError(f"private redis not up after {timeout}s")
+        process = self.process
+
+        def up() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError((self.root / "redis.log").read_text()[-2000:])
+            return bool(self._client(1).ping())
+
+        wait_until(up, "the private redis-server to answer", timeout, ignoring=(redis.exceptions.RedisError,))
+        return self
 
     def stop(self) -> None:
         """SHUTDOWN (flushes the AOF), as a service restart does."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -18,6 +17,7 @@ from typing import Callable, TypeVar
 import redis
 
 from tests.support.private_rabbit import free_port
+from tests.support.waiting import wait_until
 
 SERVICE = "aldebaran"
 T = TypeVar("T")
@@ -41,17 +41,11 @@ class Node:
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
     """Poll `probe` until it returns something other than None/False; its errors count as 'not yet'."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-            if value is not None and value is not False:
-                return value
-        except (redis.RedisError, OSError) as exc:
-            last = exc
-        time.sleep(every)
-    raise TimeoutError(f"{what}: not within {timeout}s (last error: {last!r})")
+    def found() -> tuple[T] | None:
+        value = probe()
+        return None if value is None or value is False else (value,)
+
+    return wait_until(found, what, timeout, pause=every, ignoring=(redis.RedisError, OSError))[0]
 
 
 class SentinelGroup:

@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import random
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from tests.faults.fleet import FULL, TEST_TIMEOUT, Fleet, RetryingPublisher
+from tests.support import services
 from tests.support.pipeline import Broker, read_alert_message
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 EXAMPLES = int(os.environ.get("FAULTS_FUZZ_EXAMPLES", "2000" if FULL else "150"))
@@ -137,6 +138,17 @@ def build(case: dict, n: int, exp: Expectation) -> bytes:
     return b"\xff" + case["noise"]  # binary garbage, not even UTF-8
 
 
+def books_that_may_fire(broker: Broker, vhost: services.Vhost) -> list[str]:
+    """The work queue or ingress with messages ready (a book about to open), and the book
+    queues with a consumer (an open book) or messages (a book to come)."""
+    pending = [q for q in ("Aldebaran.Trade_Data", "Aldebaran.Purchase_Request") if broker.depth(q)]
+    for name in vhost.queues():
+        declared = broker.declared(name) if name.startswith("book-") else None
+        if declared is not None and (declared.consumer_count or declared.message_count):
+            pending.append(name)
+    return pending
+
+
 def test_fuzz_live_ingress_no_crash_every_reject_dead_lettered(worker_env, vhost, tmp_path: Path) -> None:
     env = {**worker_env, "ALDEBARAN_BOOK_TTL_SECONDS": str(TTL), "ALDEBARAN_MAX_MESSAGE_BYTES": str(MAX_BYTES)}
     fleet = Fleet(env, tmp_path / "logs", kinds=("aggregator", "books")).start_all()
@@ -166,17 +178,22 @@ def test_fuzz_live_ingress_no_crash_every_reject_dead_lettered(worker_env, vhost
         publisher.close()
         # Bounded wait: every expected alert (unknown orders fire when their book closes).
         alerts: Counter[str] = Counter()
-        deadline = time.monotonic() + 120 + exp.messages / 20
-        dead: list = []
-        while time.monotonic() < deadline:
+
+        def read_alerts() -> None:
             for props, body in broker.drain("test.alert-tap"):
                 alerts.update(a["alert_id"] for a in read_alert_message(props, body))
-            if set(alerts) >= exp.alerts and broker.depth("Aldebaran.Dead_Letter") >= exp.rejects:
-                break
-            time.sleep(0.5)
-        time.sleep(TTL + 2)  # anything extra (a repeat) would show up by now
-        for props, body in broker.drain("test.alert-tap"):
-            alerts.update(a["alert_id"] for a in read_alert_message(props, body))
+
+        def all_in() -> bool:
+            read_alerts()
+            return set(alerts) >= exp.alerts and broker.depth("Aldebaran.Dead_Letter") >= exp.rejects
+
+        wait_until(all_in, lambda: f"{len(exp.alerts)} alerts and {exp.rejects} dead letters ({len(alerts)} "
+                   f"alerts so far)", timeout=120 + exp.messages / 20, pause=0.5, required=False)
+        # Only a book can fire (or repeat) an alert: once none is open or about to open, anything
+        # extra is on the tap already.
+        wait_until(lambda: not books_that_may_fire(broker, vhost), lambda: f"every book to close (still open: "
+                   f"{books_that_may_fire(broker, vhost)[:5]})", timeout=60 + 4 * TTL, pause=0.5)
+        read_alerts()
         dead = broker.drain("Aldebaran.Dead_Letter")
         alive = fleet.alive()
     finally:

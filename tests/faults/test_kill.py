@@ -31,6 +31,8 @@ from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
 from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fleet, RetryingPublisher, describe, in_doubt_ids,
                                 pull_queue_deliveries, wait_for_sinks)
 from tests.support.checker import fault_stream
+from tests.support.tracing import wait_traced
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 POINTS = (0.2, 0.5, 0.8)
@@ -120,8 +122,8 @@ def test_sigkill_each_worker_kind_three_times(kind, fault_env, webhook, redis_pr
             "queue-api": lambda: pull_queue_deliveries(redis_url(), redis_prefix),
         }, timeout=120 + events / 50 + BOOK_TTL_SECONDS,
             in_doubt={"webhook": lambda: in_doubt_ids(redis_url(), redis_prefix)})
-        if traced:
-            wait_traced(vhost.amqp_url)
+        if traced:  # everything the firehose carried is on disk (the graceful stop writes no more)
+            wait_traced(publisher.publish_raw, traces)
         alive = fleet.alive()
         queue_types = {name: q.get("type") for name, q in vhost.queues().items()}
     finally:
@@ -176,34 +178,12 @@ def wait_outage_marked(fleet: Fleet, since: int, timeout: float = 120) -> None:
     """The latest recorder (its log starts at byte `since`) wrote its gap marker: it drained
     the backlog the kills left, so from now on its receive times are event times and the
     audit can judge what follows."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def marked() -> bool:
         with open(fleet.log_path("tracer"), "rb") as fh:
             fh.seek(since)
-            if b'"event": "unrecorded window"' in fh.read():
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"the restarted recorder marked no gap in {timeout}s:\n{fleet.tail('tracer')}")
+            return b'"event": "unrecorded window"' in fh.read()
 
-
-def wait_traced(amqp_url: str, timeout: float = 120) -> None:
-    """The recorder's queue is empty: everything the firehose carried reached a recorder
-    (its last batch is written by the graceful stop that follows)."""
-    import pika
-
-    deadline = time.monotonic() + timeout
-    depth = -1
-    while time.monotonic() < deadline:
-        connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
-        try:
-            depth = connection.channel().queue_declare("aldebaran.tracer", passive=True).method.message_count
-        finally:
-            connection.close()
-        if depth == 0:
-            time.sleep(1.0)  # two linger periods: the last batch is flushed
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"the tracer queue still holds {depth} messages after {timeout}s")
+    wait_until(marked, lambda: f"the restarted recorder to mark its gap:\n{fleet.tail('tracer')}", timeout, pause=0.2)
 
 
 def check_traces(kind: str, traces: Path, events, expected: set[str], killed_at: list[int], torn_bytes: int,

@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from tests.faults.fleet import (FULL, TEST_TIMEOUT, RetryingPublisher, describe,
                                 wait_for_sinks)
 from tests.support.checker import check
 from tests.support.pipeline import Broker, alert_counts, collect_alerts, declare
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 KILLS = int(os.environ.get("FAULTS_UP_KILLS", "3"))
@@ -55,14 +55,14 @@ class Up:
                                             env=self.env, stdout=out, stderr=out)
 
     def wait_ready(self, timeout: float = 90) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log()[-3000:]
-            if '"event": "ready"' in self.log_path(self.starts).read_text(errors="replace"):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"up not ready after {timeout}s:\n{self.log()[-3000:]}")
+        process = self.process
+        assert process is not None
+
+        def ready() -> bool:
+            assert process.poll() is None, self.log()[-3000:]
+            return '"event": "ready"' in self.log_path(self.starts).read_text(errors="replace")
+
+        wait_until(ready, lambda: f"up to be ready:\n{self.log()[-3000:]}", timeout)
 
     def bounce(self) -> None:
         """SIGKILL a working `up` (the previous start is ready first) and start the next one."""

@@ -22,6 +22,7 @@ from aldebaran.trades.generator import expected_alerts
 from tests.support.checker import fault_stream
 from tests.support.private_rabbit import PrivateRabbit
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 CMD = "FAULTS_SCALE=full .venv/bin/python -m pytest -m faults -q -s 'tests/faults/test_restarts.py::{}'"
@@ -111,8 +112,7 @@ def test_per_order_books_wait_out_a_rabbitmq_restart(fault_env, webhook, redis_p
             _wait_routed(node.url, len(before) // 3)
             down = time.monotonic()
             node.stop()
-            while time.monotonic() - down < ttl + delay + 1:  # the outage outlasts a book's life
-                time.sleep(0.2)
+            time.sleep(ttl + delay + 1)  # by design: the outage outlasts a book's life
             node.start()
             outage = time.monotonic() - down
             publisher.publish_stream(after)
@@ -140,8 +140,7 @@ def _wait_routed(url: str, orders: int, timeout: float = 60) -> None:
     """The aggregator routed everything and the books took their work items."""
     import pika
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def routed() -> bool:
         connection = pika.BlockingConnection(pika.URLParameters(url))
         try:
             channel = connection.channel()
@@ -150,10 +149,9 @@ def _wait_routed(url: str, orders: int, timeout: float = 60) -> None:
             consumed = channel.queue_declare("Aldebaran.Purchase_Request", passive=True).method.consumer_count
         finally:
             connection.close()
-        if depths == [0, 0] and consumed:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{orders} orders not routed in {timeout}s")
+        return depths == [0, 0] and bool(consumed)
+
+    wait_until(routed, f"{orders} orders routed and their work items taken", timeout, pause=0.2)
 
 
 def test_redis_restart_mid_stream(fault_env, webhook, redis_prefix, vhost, tmp_path: Path, record) -> None:
@@ -189,9 +187,12 @@ def _proxied(fault_env: dict, vhost, proxy: TcpProxy, redis_proxy: TcpProxy | No
     return env
 
 
+PARTITION_SECONDS = 3  # a fault's length, by design (the recorded matrix row says "partitioned 3 s")
+
+
 def _partition(proxy: TcpProxy) -> None:
     proxy.block()
-    time.sleep(3)
+    time.sleep(PARTITION_SECONDS)
     proxy.unblock()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tests.faults.conftest import redis_url
 from tests.faults.fleet import (ORDERS, TEST_TIMEOUT, Fleet, RetryingPublisher, WebhookServer, channels_toml,
                                 describe, pull_queue_deliveries, wait_for_sinks)
 from tests.support.checker import fault_stream
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(TEST_TIMEOUT)]
 GRACE = 15  # ALDEBARAN_SHUTDOWN_GRACE_SECONDS in fault_env
@@ -77,16 +77,12 @@ def test_second_sigterm_exits_at_once_with_137(fault_env, tmp_path: Path, vhost)
         publisher = RetryingPublisher(vhost.amqp_url)
         publisher.publish_stream(stream.events)
         publisher.close()
-        deadline = time.monotonic() + 60
-        while hanging.requests == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert hanging.requests > 0, fleet.tail("hook")
+        wait_until(lambda: hanging.requests > 0, lambda: f"the hung delivery to start:\n{fleet.tail('hook')}",
+                   timeout=60, pause=0.2)
         hook = fleet.processes["hook"]
         hook.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while '"event": "stopping"' not in fleet.tail("hook") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert '"event": "stopping"' in fleet.tail("hook")
+        wait_until(lambda: '"event": "stopping"' in fleet.tail("hook"),
+                   lambda: f"the deliverer to start stopping:\n{fleet.tail('hook')}")
         assert hook.poll() is None  # still draining the hung delivery
         hook.send_signal(signal.SIGTERM)
         code = hook.wait(timeout=30)

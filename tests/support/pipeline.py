@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
+import uuid
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +17,8 @@ import pika
 import pika.exceptions
 
 from aldebaran.trades.codec import encode_json
-from aldebaran.trades.events import TradeEvent
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
+from tests.support.waiting import quiet_window, wait_until
 
 TAP = "test.alert-tap"
 
@@ -37,14 +37,15 @@ class Pipeline:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "aldebaran.cli", "up", *self.args],
             env=self.env, stdout=log, stderr=log)
-        deadline = time.monotonic() + wait_ready
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"aldebaran up exited with {self.process.returncode}:\n{self.log()}")
-            if '"event": "ready"' in self.log():
-                return self
-            time.sleep(0.1)
-        raise RuntimeError(f"aldebaran up not ready after {wait_ready}s:\n{self.log()}")
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"aldebaran up exited with {process.returncode}:\n{self.log()}")
+            return '"event": "ready"' in self.log()
+
+        wait_until(ready, lambda: f"aldebaran up to be ready:\n{self.log()}", wait_ready)
+        return self
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -132,34 +133,74 @@ class Broker:
                 return messages
             messages.append((properties, body))
 
+    def drain_until(self, queue: str, count: int,
+                    timeout: float = 60) -> list[tuple[pika.spec.BasicProperties, bytes]]:
+        """Take messages from `queue` until `count` came or the bound passed (short then: the
+        caller's assertion says what is missing)."""
+        messages: list[tuple[pika.spec.BasicProperties, bytes]] = []
+
+        def enough() -> bool:
+            messages.extend(self.drain(queue))
+            return len(messages) >= count
+
+        wait_until(enough, f"{count} messages in {queue}", timeout, required=False)
+        return messages
+
     def depth(self, queue: str) -> int:
         """Messages ready in `queue`; 0 while it does not exist yet."""
+        declared = self.declared(queue)
+        return declared.message_count if declared else 0
+
+    def declared(self, queue: str) -> pika.spec.Queue.DeclareOk | None:
+        """`queue`'s ready messages and consumers as the broker sees them now; None: no such queue."""
         try:
-            return self.channel.queue_declare(queue, passive=True).method.message_count
+            return self.channel.queue_declare(queue, passive=True).method
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != 404:
                 raise
             self.channel = self.connection.channel()
             self.channel.confirm_delivery()
-            return 0
+            return None
 
 
 def collect_alerts(broker: Broker, expected: int, timeout: float = 60, settle: float = 1.0) -> list[dict]:
-    """Read the alert tap until `expected` alerts came (then `settle` s more for extras)."""
+    """Read the alert tap until `expected` alerts came, then listen `settle` s more for extras.
+
+    Short when the bound passes: the caller's assertion says which alerts are missing. The
+    `settle` window is a quiet window: a repeat after a crash or an alert fired by a book's
+    clock is ordered after nothing a test could publish, so no barrier proves it absent."""
     alerts: list[dict] = []
-    deadline = time.monotonic() + timeout
-    settled_at = None
-    while time.monotonic() < deadline:
-        batch = broker.drain(TAP)
-        for properties, body in batch:
-            alerts += read_alert_message(properties, body)
-        if len(alerts) >= expected:
-            settled_at = settled_at or time.monotonic()
-            if time.monotonic() - settled_at >= settle:
-                break
-        if not batch:
-            time.sleep(0.1)
+
+    def read() -> bool:
+        for properties, body in broker.drain(TAP):
+            alerts.extend(read_alert_message(properties, body))
+        return len(alerts) >= expected
+
+    if not wait_until(read, f"{expected} alerts on the tap", timeout, required=False):
+        return alerts
+    quiet_window(settle, "repeats after a crash and clock-fired alerts have no barrier", listen=read)
     return alerts
+
+
+def alerts_before_barrier(broker: Broker, timeout: float = 60) -> list[dict]:
+    """Publish an order that alerts at once and read the tap until its alert came: the other
+    alerts read meanwhile. A barrier for the engine (the default mode) only: one consumer
+    takes the ingress in order and publishes each cycle's alerts in order, so whatever the
+    earlier input fires at once is on the tap before the barrier's alert."""
+    order = f"barrier-{uuid.uuid4().hex[:12]}"
+    marker = f"over_purchase:{order}"
+    broker.publish([PurchaseRequest(order, 1, "barrier", "barrier"),
+                    Purchase(f"{order}-p", order, 2, "barrier", "barrier")], batch=2)
+    alerts: list[dict] = []
+
+    def read() -> bool:
+        for properties, body in broker.drain(TAP):
+            alerts.extend(read_alert_message(properties, body))
+        return any(alert["alert_id"] == marker for alert in alerts)
+
+    wait_until(read, lambda: f"the barrier alert {marker} (read so far: {alert_counts(alerts)})", timeout)
+    assert alert_counts(alerts)[marker] == 1, alert_counts(alerts)
+    return [alert for alert in alerts if alert["alert_id"] != marker]
 
 
 def read_alert_message(properties: pika.spec.BasicProperties, body: bytes) -> list[dict]:

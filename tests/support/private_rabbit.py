@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from tests.support.waiting import wait_until
+
 RABBIT_BIN = Path(os.environ.get("TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
 
@@ -100,16 +102,17 @@ class PrivateRabbit:
         log = open(self.root / "server.out", "ab")
         self.process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(),
                                         stdout=log, stderr=log, cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"private RabbitMQ exited with {self.process.returncode}: {self.server_log()}")
-            if port_open(self.port):
-                # The listener opens near the end of boot; await_startup confirms the app runs.
-                if self._ctl("await_startup", timeout=max(5.0, deadline - time.monotonic())).returncode == 0:
-                    return self
-            time.sleep(0.3)
-        raise RuntimeError(f"private RabbitMQ not up after {timeout}s: {self.server_log()}")
+        process, deadline = self.process, time.monotonic() + timeout
+
+        def up() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"private RabbitMQ exited with {process.returncode}: {self.server_log()}")
+            # The listener opens near the end of boot; await_startup confirms the app runs.
+            return port_open(self.port) and self._ctl(
+                "await_startup", timeout=max(5.0, deadline - time.monotonic())).returncode == 0
+
+        wait_until(up, lambda: f"the private RabbitMQ to be up: {self.server_log()}", timeout, pause=0.3)
+        return self
 
     def server_log(self) -> str:
         out = (self.root / "server.out")
