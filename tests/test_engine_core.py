@@ -175,3 +175,25 @@ def test_pipeline_time_stands_still_while_the_stream_is_paused() -> None:
     clock.resume(161.0)
     assert clock.stamp(161.25) == 6_250
     assert clock.stamp(161.0) == 6_250  # never back
+
+
+def test_a_lone_rule_sees_only_the_events_it_accepts() -> None:
+    from aldebaran.apps.client_daily_limit import ClientDailyLimit, Options
+
+    daily = ClientDailyLimit(Options(max_shares=100))
+    engine = Engine([daily], default_ttl=TTL, done_retention=30.0, done_cap=10**9, max_message_bytes=1 << 20)
+    # The request's 90 shares are not purchases: only the purchase's 20 count towards the limit.
+    message = WalMessage(MSGPACK, encode_msgpack([PurchaseRequest("1", 90, "c", "s"), Purchase("p1", "1", 20, "c", "s")]))
+    cycle = engine.cycle([message], 1_000, NOW)
+    assert cycle.applied == 1 and cycle.alerts == []
+    (day,) = engine.books.books["client_daily_limit"].values()
+    assert day.state.purchased == 20
+
+
+def test_done_markers_forgotten_by_the_cap_are_handed_to_the_counter_once() -> None:
+    engine = Engine([rule], default_ttl=TTL, done_retention=30.0, done_cap=3, max_message_bytes=1 << 20)
+    requests = [PurchaseRequest(str(i), 10, "c", "s") for i in range(5)]
+    engine.cycle([WalMessage(MSGPACK, encode_msgpack(requests))], 1_000, NOW)
+    engine.cycle([], 1_000 + int(TTL * 1000) + 1, NOW)  # the five books close: five markers, cap three
+    assert engine.done_markers == 3
+    assert engine.take_forgotten() == 2 and engine.take_forgotten() == 0

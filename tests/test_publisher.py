@@ -28,3 +28,60 @@ def test_an_exchange_without_its_queue_is_an_error_naming_declare_not_a_silent_c
     with pytest.raises(PublishRefused, match="no queue is bound.*aldebaran declare"):
         asyncio.run(publish_bodies(settings, [body], max_retries=3))
     assert returned._value.get() - before == 3
+
+
+def _ingress_depth(settings) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
+    try:
+        return connection.channel().queue_declare(TRADE_DATA, passive=True).method.message_count
+    finally:
+        connection.close()
+
+
+def test_a_full_ingress_refuses_what_it_cannot_hold_and_keeps_what_it_took(settings) -> None:
+    """`ingress_max_length` with reject-publish: the broker nacks the overflow; the publisher
+    retries, counts each refusal and, out of retries, says so. Nothing accepted is lost."""
+    from declare.declarer import declare
+
+    bounded = settings.model_copy(update={"ingress_max_length": 3})
+    assert declare(bounded, echo=lambda _: None) > 0
+    bodies = [Body(encode_json([PurchaseRequest(f"full-{i}", 1, "c", "s")]), 1) for i in range(5)]
+    with pytest.raises(PublishRefused, match="ingress full"):
+        asyncio.run(publish_bodies(bounded, bodies, window=1, max_retries=2))
+    assert _ingress_depth(bounded) == 3  # the three it took, kept
+
+
+def test_a_full_ingress_takes_the_rest_once_a_consumer_makes_room(settings) -> None:
+    from declare.declarer import declare
+
+    bounded = settings.model_copy(update={"ingress_max_length": 3})
+    assert declare(bounded, echo=lambda _: None) > 0
+    bodies = [Body(encode_json([PurchaseRequest(f"room-{i}", 1, "c", "s")]), 1) for i in range(8)]
+    received: list[bytes] = []
+
+    async def consume_once_full() -> None:
+        while len(received) < len(bodies):
+            if len(received) or await asyncio.to_thread(_ingress_depth, bounded) >= 3:
+                received.extend(await asyncio.to_thread(_take_all, bounded))
+            await asyncio.sleep(0.05)
+
+    async def both() -> None:
+        report, _ = await asyncio.wait_for(
+            asyncio.gather(publish_bodies(bounded, bodies, window=1, max_retries=200), consume_once_full()), 60)
+        assert report.events == len(bodies) and report.nacks >= 1
+
+    asyncio.run(both())
+    assert sorted(received) == sorted(body.data for body in bodies)  # each exactly once, none lost
+
+
+def _take_all(settings) -> list[bytes]:
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
+    try:
+        channel, out = connection.channel(), []
+        while True:
+            method, _, body = channel.basic_get(TRADE_DATA, auto_ack=True)
+            if method is None:
+                return out
+            out.append(body)
+    finally:
+        connection.close()

@@ -23,6 +23,7 @@ UNITS = ROOT / "deploy" / "systemd"
 INSTALLED_BIN = "/opt/aldebaran/.venv/bin/aldebaran"
 LOCAL_BIN = Path(sys.executable).with_name("aldebaran")
 FLEET = [
+    "aldebaran-engine@.service",
     "aldebaran-aggregator@.service",
     "aldebaran-books@.service",
     "aldebaran-channel@.service",
@@ -128,7 +129,7 @@ def test_exec_start_is_a_valid_aldebaran_command(name: str) -> None:
     assert int(ExitCode.CONFIG) == 78  # what RestartPreventExitStatus= names
     argv = shlex.split(_unit(name)["Service"]["ExecStart"])
     assert argv[0] == INSTALLED_BIN
-    instance = "9101" if name.startswith(("aldebaran-aggregator", "aldebaran-books")) else "ops-webhook"
+    instance = "9101" if name.startswith(("aldebaran-engine", "aldebaran-aggregator", "aldebaran-books")) else "ops-webhook"
     args = [a.replace("%i", instance) for a in argv[1:]]
     parsed = build_parser().parse_args(args)
     assert parsed.command == args[0]

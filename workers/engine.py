@@ -45,6 +45,7 @@ from aldebaran.metrics import (
     BOOKS_OPEN,
     CONFLICTING_DUPLICATES,
     DONE_MARKERS,
+    DONE_MARKERS_FORGOTTEN,
     EVENTS_CONSUMED,
     RULE_ERRORS,
 )
@@ -156,6 +157,11 @@ class EngineWorker:
         if engine is not None:
             BOOKS_OPEN.set(engine.open_books)
             DONE_MARKERS.set(engine.done_markers)
+            forgotten = engine.take_forgotten()
+            if forgotten:
+                DONE_MARKERS_FORGOTTEN.inc(forgotten)
+                log.warning("done markers forgotten before their retention: done_max_markers reached",
+                            count=forgotten)
         if self._late_logged:
             log.info("late events: their book already closed", count=self._late_logged)
             self._late_logged = 0

@@ -129,8 +129,9 @@ class Engine:
             logged.append(message)
             out.events += len(events)
             out.kinds.update(map(type, events))
-            for rule in rules:
-                accepted = events if len(rules) == 1 else [e for e in events if rule.accepts(e)]
+            for rule in rules:  # a lone rule is asked too: the daily limit takes purchases only
+                accepts = rule.accepts
+                accepted = [e for e in events if accepts(e)]
                 applied, duplicate, late = offer_many(rule.name, accepted, at, now, fired)
                 out.applied += applied
                 out.duplicate += duplicate
@@ -156,3 +157,7 @@ class Engine:
     @property
     def done_markers(self) -> int:
         return len(self.books.done)
+
+    def take_forgotten(self) -> int:
+        """Done markers the cap forgot before their retention since the last take (for the counter)."""
+        return self.books.done.take_evicted()
