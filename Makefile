@@ -8,10 +8,11 @@ setup:
 demo: setup
 	.venv/bin/aldebaran demo
 
-# Three pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU.
+# Three pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU;
+# the Spark tests share one worker (tests/conftest.py).
 test:
 	SETUP_TEST_TOOLS=1 bash deploy/setup.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --durations=15
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --durations=15
 
 # The three-node cluster test alone (it is part of `make test` too).
 test-cluster: setup

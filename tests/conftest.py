@@ -12,6 +12,14 @@ from tests.support import services
 from tests.support.pipeline import Broker, declare
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), every Spark test runs on one worker: one JVM
+    and one SparkSession for them all, instead of one per worker on two cores."""
+    for item in items:
+        if item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _real_services() -> None:
     services.check_services()

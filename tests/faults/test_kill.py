@@ -22,7 +22,6 @@ import json
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -52,27 +51,9 @@ LABELS = {"engine": "SIGKILL engine (default mode, quorum queues)",
           "aggregator": "SIGKILL aggregator, tracer on; PySpark audit" if FULL else "SIGKILL aggregator"}
 
 
-@pytest.fixture(scope="module")
-def spark_holder() -> Iterator[dict]:
-    """A Spark session started on first use only (most cases need none), stopped with the module."""
-    holder: dict = {}
-    yield holder
-    if "session" in holder:
-        holder["session"].stop()
-
-
-def spark_session(holder: dict):  # noqa: ANN201 - pyspark is imported lazily
-    if "session" not in holder:
-        from spark_analytics.session import spark_session as start
-
-        holder["session"] = start("local[2]")
-        holder["session"].conf.set("spark.sql.shuffle.partitions", "2")  # small inputs
-    return holder["session"]
-
-
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.spark) if k in TRACED else k for k in KINDS])
 def test_sigkill_each_worker_kind_three_times(kind, fault_env, webhook, redis_prefix, vhost, tmp_path: Path,
-                                               record, spark_holder) -> None:
+                                               record, request: pytest.FixtureRequest) -> None:
     stream = fault_stream(ORDERS, seed=len(kind))
     # The tracer case's fault-free tail, published once the recorder marked its outage.
     tail = fault_stream(max(20, ORDERS // 3), seed=99, prefix="t") if kind == "tracer" else None
@@ -144,14 +125,14 @@ def test_sigkill_each_worker_kind_three_times(kind, fault_env, webhook, redis_pr
                 final = tr.newest_part(traces, f"{socket.gethostname()}-{fleet.processes['tracer'].pid}")
                 assert final is not None
                 tr.tear(final, redelivered=True)
-            code, info = tr.run_audit(spark_session(spark_holder), traces, tmp_path / "audit",
+            code, info = tr.run_audit(request.getfixturevalue("spark"), traces, tmp_path / "audit",
                                       BOOK_TTL_SECONDS, CHANNELS)
             print(f"audit: exit {code}, {info['verdict']}, counts {json.dumps(info['counts'])}, "
                   f"unaudited {json.dumps(info['unaudited_windows'])}")
             extra["audit"] = {"verdict": info["verdict"], "exit": code,
                               "unaudited_windows": info["unaudited_windows"], **info["counts"]}
             judged = check_audit(kind, info, code, expected, tail.expected if tail else set(), killed_at,
-                                 spark_session(spark_holder), tmp_path / "audit")
+                                 request.getfixturevalue("spark"), tmp_path / "audit")
             extra["audit"]["checked_ok"] = judged  # alerts whose `ok` verdict the test checked
         except AssertionError as exc:
             failure = exc
