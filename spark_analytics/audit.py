@@ -1,7 +1,9 @@
 """The audit: expected alerts (CONTRACT §1) against what the firehose saw, per deployment.
 
 Findings, one row each: `missed`, `duplicate`, `spurious`, `late` per alert/order;
-`channel_missed`, `channel_duplicate`, `channel_spurious` per channel. Orders whose
+`channel_missed`, `channel_duplicate`, `channel_spurious` per channel, and `channel_in_doubt`
+(not a discrepancy: a channel_missed the operator's in-doubt list, `--in-doubt`, accounts
+for; the operator settles it). Orders whose
 window touches an unaudited window get the verdict `unaudited` instead of a finding;
 orders with an event within `ttl_tolerance` of their book's close are `uncertain`
 (trace times and the pipeline's clock may disagree by that much); alerts still inside
@@ -21,10 +23,12 @@ from pyspark.sql import functions as F
 
 from spark_analytics import gaps as gaps_mod
 from spark_analytics import meaning, records, stats, traces
+from spark_analytics.in_doubt import InDoubtList
+from spark_analytics.in_doubt import read as read_in_doubt
 from spark_analytics.options import AuditOptions
 
 ORDER_FINDINGS = ("missed", "duplicate", "spurious", "late")
-CHANNEL_FINDINGS = ("channel_missed", "channel_duplicate", "channel_spurious")
+CHANNEL_FINDINGS = ("channel_missed", "channel_duplicate", "channel_spurious", stats.IN_DOUBT)
 Step = Callable[[str], None]
 
 
@@ -55,6 +59,7 @@ class AuditResult:
     counts: dict[str, dict[str, int]]             # per vhost
     files: FilesInfo = field(default_factory=FilesInfo)   # damage no deployment owns
     latency: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # vhost or "all" -> kind -> stats
+    in_doubt: InDoubtList | None = None    # the operator's list, when `--in-doubt` named one
 
 
 @dataclass
@@ -112,8 +117,12 @@ def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
     return _Input(slim, vhosts, end_ts, counts, files_info)
 
 
-def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: None) -> AuditResult:
-    """Every deployment in the traces (or `opts.vhosts`) judged on its own; see the module docstring."""
+def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: None,
+              in_doubt: InDoubtList | None = None) -> AuditResult:
+    """Every deployment in the traces (or `opts.vhosts`) judged on its own; see the module docstring.
+    `in_doubt`: the list `opts.in_doubt_files` name, when the caller has read it already."""
+    if in_doubt is None and opts.in_doubt_files:
+        in_doubt = read_in_doubt(opts.in_doubt_files)
     inp = _load(spark, opts, step)
     step("finding unaudited windows")
     gaps = gaps_mod.unaudited_windows(inp.slim, inp.vhosts, opts.since_ms, opts.until_ms)
@@ -132,12 +141,25 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     deliveries = records.channel_deliveries(inp.slim)
     seen = {(r["vhost"], r["channel"]) for r in deliveries.select("vhost", "channel").distinct().collect()}
     names = {v: sorted(set(opts.channels) | {c for vv, c in seen if vv == v}) for v in inp.vhosts}
-    per_channel, channel_findings = _channels(spark, pub_stats, deliveries, names, gaps, inp.end_ts, opts)
+    listed = _listed(spark, in_doubt, inp.vhosts)
+    per_channel, channel_findings = _channels(spark, pub_stats, deliveries, names, gaps, inp.end_ts, opts, listed)
     findings = order_findings.unionByName(channel_findings)
     step("latency and counts")
     counts = stats.judged_counts(inp.counts, inp.slim, books, per_order, per_channel, findings, names)
+    if in_doubt is not None:
+        stats.in_doubt_counts(counts, per_channel, in_doubt)
     latency = stats.latency(per_order)
-    return AuditResult(per_order, per_channel, findings, pubs, inp.vhosts, gaps, counts, inp.files, latency)
+    return AuditResult(per_order, per_channel, findings, pubs, inp.vhosts, gaps, counts, inp.files, latency,
+                       in_doubt)
+
+
+def _listed(spark: SparkSession, in_doubt: InDoubtList | None, vhosts: list[str]) -> DataFrame | None:
+    """The in-doubt entries of the judged deployments, one row per (vhost, channel, alert_id)."""
+    rows = sorted(e for e in (in_doubt.entries if in_doubt else ()) if e[0] in vhosts)
+    if not rows:
+        return None
+    return spark.createDataFrame(rows, "vhost string, channel string, alert_id string").withColumn(
+        "in_doubt", F.lit(True))
 
 
 def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
@@ -186,11 +208,12 @@ def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict[str, list[gaps_mo
 
 def _channels(spark: SparkSession, pub_stats: DataFrame, deliveries: DataFrame, names: dict[str, list[str]],
               gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
-              opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
+              opts: AuditOptions, listed: DataFrame | None = None) -> tuple[DataFrame, DataFrame]:
     """Every published alert once per channel of its deployment: first deliveries
     (redelivered=false) must be exactly one; broker redeliveries after a consumer crash are
-    counted, not findings. (An at-most-once channel's in-doubt attempts are kept by the
-    channel in Redis, not in traces: here they are still `channel_missed`.)"""
+    counted, not findings. An at-most-once channel keeps its in-doubt attempts in Redis, not
+    in traces: a published alert never delivered that the operator's list (`listed`) holds for
+    that deployment and channel is `channel_in_doubt`, else `channel_missed`."""
     grace_ms = int(opts.delivery_grace_s * 1000)
     chans = spark.createDataFrame([(v, n) for v, ns in names.items() for n in ns], "vhost string, channel string")
     dstats = deliveries.groupBy("vhost", "channel", "alert_id").agg(
@@ -200,21 +223,25 @@ def _channels(spark: SparkSession, pub_stats: DataFrame, deliveries: DataFrame, 
     wanted = pub_stats.select("vhost", "alert_id", "first_publish_ts").join(F.broadcast(chans), "vhost")
     per = wanted.join(dstats, ["vhost", "channel", "alert_id"], "full_outer").fillna(
         {"first_deliveries": 0, "redeliveries": 0})
+    per = (per.join(F.broadcast(listed), ["vhost", "channel", "alert_id"], "left").fillna({"in_doubt": False})
+           if listed is not None else per.withColumn("in_doubt", F.lit(False)))
     published = F.col("first_publish_ts").isNotNull()
     at = F.coalesce("first_publish_ts", "first_delivery_ts")
     unaudited = gaps_mod.overlaps_any(F.col("vhost"), at, at + F.lit(grace_ms), gaps)
     none = F.col("first_deliveries") + F.col("redeliveries") == 0
     pending = published & none & (F.col("first_publish_ts") + F.lit(grace_ms) > _per_vhost(F.col("vhost"), end_ts))
-    missed = published & none
+    in_doubt = published & none & F.col("in_doubt")
+    missed = published & none & ~F.col("in_doubt")
     duplicate = F.col("first_deliveries") > 1
     spurious = ~published
     per = per.where(_in_window(at, opts)).withColumn(
-        "verdict", F.when(unaudited, "unaudited").when(pending, "pending").when(missed, "channel_missed")
-        .when(spurious, "channel_spurious").when(duplicate, "channel_duplicate").otherwise("ok")
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+        "verdict", F.when(unaudited, "unaudited").when(pending, "pending").when(in_doubt, stats.IN_DOUBT)
+        .when(missed, "channel_missed").when(spurious, "channel_spurious").when(duplicate, "channel_duplicate")
+        .otherwise("ok")).persist(StorageLevel.MEMORY_AND_DISK)
     judged = ~F.col("verdict").isin("unaudited", "pending")
     kinds = F.filter(F.array(F.when(missed, F.lit("channel_missed")), F.when(spurious, F.lit("channel_spurious")),
-                             F.when(duplicate, F.lit("channel_duplicate"))), lambda x: x.isNotNull())
+                             F.when(duplicate, F.lit("channel_duplicate")), F.when(in_doubt, F.lit(stats.IN_DOUBT))),
+                     lambda x: x.isNotNull())
     findings = per.where(judged).select(
         "vhost", "alert_id", F.regexp_extract("alert_id", r"^[^:]+:(.*)$", 1).alias("order_id"), "channel",
         F.explode(kinds).alias("finding"), at.alias("ts"),

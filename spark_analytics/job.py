@@ -1,7 +1,9 @@
 """The audit job's entry point: `python -m spark_analytics ...` or `spark-submit spark_analytics/job.py ...`.
 
-Exit status: 0 clean; 1 discrepancies found, or (unless `--allow-gaps`) part of the
-window was not recorded, so no all-clear can be given.
+Exit status: 0 clean, or no discrepancy but alerts in doubt (`--in-doubt`: the operator
+settles those); 1 discrepancies found, or (unless `--allow-gaps`) part of the window was
+not recorded, so no all-clear can be given; 2 a bad command line or an unreadable
+`--in-doubt` file.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from spark_analytics.in_doubt import InDoubtList
 from spark_analytics.options import AuditOptions
 
 
@@ -49,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vhost", action="append", default=[],
                         help="judge only this deployment (RabbitMQ vhost; repeatable; default: every one traced)")
     parser.add_argument("--allow-gaps", action="store_true", help="exit 0 when the only problem is gaps")
+    parser.add_argument("--in-doubt", action="append", default=[], metavar="FILE",
+                        help="`aldebaran delivery in-doubt --json` output ('-': stdin; repeatable): alerts it lists "
+                             "that no channel delivery shows are channel_in_doubt, not channel_missed")
 
 
 def options_from(args: argparse.Namespace, book_ttl_default: float = 60.0) -> AuditOptions:
@@ -62,12 +68,13 @@ def options_from(args: argparse.Namespace, book_ttl_default: float = 60.0) -> Au
                         book_ttl_s=args.book_ttl if args.book_ttl is not None else book_ttl_default,
                         grace_s=args.grace, late_after_s=args.late_after, delivery_grace_s=args.delivery_grace,
                         ttl_tolerance_s=args.ttl_tolerance, channels=list(args.channel),
-                        vhosts=list(args.vhost))
+                        vhosts=list(args.vhost), in_doubt_files=list(args.in_doubt))
 
 
 def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: bool = False,
-        spark: Any = None, memory: str = "2g") -> tuple[int, dict[str, Any]]:
-    """Run the audit with console progress; returns (exit status, summary)."""
+        spark: Any = None, memory: str = "2g", in_doubt: InDoubtList | None = None) -> tuple[int, dict[str, Any]]:
+    """Run the audit with console progress; returns (exit status, summary). `in_doubt`: the list
+    `opts.in_doubt_files` name, read by the caller already (so a missing file fails before Spark)."""
     from rich.console import Console
 
     from spark_analytics import report
@@ -83,7 +90,7 @@ def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: boo
         def step(text: str) -> None:
             console.log(f"[bold]audit[/]: {text}")
             status.update(text)
-        result = run_audit(spark, opts, step)
+        result = run_audit(spark, opts, step, in_doubt)
         info = report.summary(result, opts, time.monotonic() - started)
         if out is None:
             label = "all" if opts.since_ms is None else report.iso(opts.since_ms)[:10]
@@ -96,7 +103,7 @@ def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: boo
     Path(paths["summary"]).write_text(json.dumps(info, indent=2))  # with the final run time
     console.print(_table(info))
     console.print(f"report: {paths['report']}")
-    clean = info["verdict"] == "clean" or (allow_gaps and info["verdict"] == "unaudited")
+    clean = info["verdict"] in ("clean", "in_doubt") or (allow_gaps and info["verdict"] == "unaudited")
     return (0 if clean else 1), info
 
 
@@ -104,7 +111,7 @@ def _table(info: dict[str, Any]) -> Any:
     """The console's verdict: one column per deployment, the findings and what was skipped."""
     from rich.table import Table
 
-    from spark_analytics.stats import FINDINGS, JUNK_TOTAL
+    from spark_analytics.stats import FINDINGS, IN_DOUBT, JUNK_TOTAL
 
     table = Table(title=f"audit: {info['verdict']} ({info['audit_seconds']} s, "
                         f"{info['trade_events_per_s']:,} trade events/s)")
@@ -115,6 +122,8 @@ def _table(info: dict[str, Any]) -> Any:
     rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         ("verdict", lambda d: d["verdict"]), ("trade events", lambda d: f"{d['counts']['trade_events_decoded']:,}")]
     rows += [(k, partial(_counted, k)) for k in FINDINGS]
+    if info["in_doubt_list"] is not None:  # not a discrepancy: the operator settles these
+        rows += [(IN_DOUBT, partial(_counted, IN_DOUBT))]
     rows += [("junk skipped", lambda d: str(sum(d["counts"].get(k, 0) for k in JUNK_TOTAL))),
              ("unaudited windows", lambda d: str(len(d["unaudited_windows"])))]
     for name, cell in rows:
@@ -130,8 +139,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spark_analytics", description="Audit alerts against firehose traces.")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    code, _ = run(options_from(args), args.master, args.out, args.allow_gaps, memory=args.driver_memory)
+    opts = options_from(args)
+    try:
+        listed = read_in_doubt_files(opts)
+    except OSError as exc:
+        parser.error(f"--in-doubt: {exc}")
+    code, _ = run(opts, args.master, args.out, args.allow_gaps, memory=args.driver_memory, in_doubt=listed)
     return code
+
+
+def read_in_doubt_files(opts: AuditOptions) -> InDoubtList | None:
+    """The `--in-doubt` list(s), read before Spark starts; None without the flag. OSError when unreadable."""
+    from spark_analytics.in_doubt import read
+
+    return read(opts.in_doubt_files) if opts.in_doubt_files else None
 
 
 if __name__ == "__main__":

@@ -18,3 +18,4 @@ class AuditOptions:
     channels: list[str] = field(default_factory=list)
     max_message_bytes: int = 1 << 20
     vhosts: list[str] = field(default_factory=list)  # judge only these deployments (default: every one traced)
+    in_doubt_files: list[str] = field(default_factory=list)  # `aldebaran delivery in-doubt --json` output(s)

@@ -1,7 +1,9 @@
 """The audit's outputs: Parquet tables, a JSON summary, one self-contained HTML page.
 
 The summary holds totals (`counts`, `latency_ms`, `unaudited_windows`: every deployment
-together) and one section per deployment (`deployments`). The HTML page is ordered as an
+together) and one section per deployment (`deployments`). Verdicts, worst first:
+`discrepancies`, `unaudited`, `in_doubt` (no discrepancy, but alerts the operator has to
+settle), `clean`. The HTML page is ordered as an
 operator reads it: verdict, counts per deployment and the plots, then the findings by kind
 (the first rows of each; all of them are in findings.parquet), then the details.
 """
@@ -44,15 +46,23 @@ def _windows(spans: list[tuple[int, int, str]], vhost: str | None = None) -> lis
              "seconds": round((e - s) / 1000, 3), "reason": r} for s, e, r in spans]
 
 
-def _verdict(discrepancies: int, gaps: Sequence[object]) -> str:
-    return "discrepancies" if discrepancies else ("unaudited" if gaps else "clean")
+def _verdict(discrepancies: int, gaps: Sequence[object], in_doubt: int = 0) -> str:
+    """Worst first. `in_doubt` is no discrepancy (the channel kept its at-most-once promise) but
+    no all-clear either: the operator still has to settle those alerts (docs/audit.md)."""
+    if discrepancies:
+        return "discrepancies"
+    if gaps:
+        return "unaudited"
+    return "in_doubt" if in_doubt else "clean"
 
 
 def _deployment(result: AuditResult, vhost: str) -> dict[str, Any]:
     c = result.counts[vhost]
     discrepancies = sum(c[k] for k in stats.FINDINGS)
     gaps = result.gaps.get(vhost, [])
-    return {"verdict": _verdict(discrepancies, gaps), "discrepancies": discrepancies, "counts": c,
+    in_doubt = c.get(stats.IN_DOUBT, 0)
+    return {"verdict": _verdict(discrepancies, gaps, in_doubt), "discrepancies": discrepancies,
+            "in_doubt": in_doubt, "counts": c,
             "latency_ms": result.latency.get(vhost, {"all": dict(EMPTY_LATENCY)}),
             "unaudited_windows": _windows(gaps)}
 
@@ -62,7 +72,8 @@ def summary(result: AuditResult, opts: AuditOptions, seconds: float) -> dict[str
     deployments = {v: _deployment(result, v) for v in result.vhosts}
     counts = stats.totals(result.counts)
     for name in ("trace_records", "trade_events_decoded", "distinct_events", "orders", "alert_publishes",
-                 "expected_alerts", "channel_deliveries", "channel_redeliveries", *stats.FINDINGS):
+                 "expected_alerts", "channel_deliveries", "channel_redeliveries", *stats.KINDS,
+                 *(stats.IN_DOUBT_COUNTS if result.in_doubt is not None else ())):
         counts.setdefault(name, 0)
     torn = result.files.get("torn_files", [])
     counts["corrupt_lines"] = int(result.files.get("corrupt_lines", 0))
@@ -72,13 +83,18 @@ def summary(result: AuditResult, opts: AuditOptions, seconds: float) -> dict[str
     if not result.vhosts and opts.since_ms is not None and opts.until_ms is not None:
         windows = _windows([(opts.since_ms, opts.until_ms, "no traces")], "")
     discrepancies = sum(counts[k] for k in stats.FINDINGS)
+    listed = result.in_doubt
     return {
-        "verdict": _verdict(discrepancies, windows),
+        "verdict": _verdict(discrepancies, windows, counts[stats.IN_DOUBT]),
         "discrepancies": discrepancies,
+        "in_doubt": counts[stats.IN_DOUBT],
         "window": {"since": iso(opts.since_ms), "until": iso(opts.until_ms)},
         "options": {"book_ttl_s": opts.book_ttl_s, "grace_s": opts.grace_s, "late_after_s": opts.late_after_s,
                     "delivery_grace_s": opts.delivery_grace_s, "ttl_tolerance_s": opts.ttl_tolerance_s,
-                    "vhosts": list(opts.vhosts)},
+                    "vhosts": list(opts.vhosts), "in_doubt_files": list(opts.in_doubt_files)},
+        # None: no list was given, so an interrupted at-most-once send is still `channel_missed`.
+        "in_doubt_list": None if listed is None else {
+            "files": listed.files, "entries": len(listed.entries), "unreadable_lines": listed.unreadable_lines},
         "counts": counts,
         "latency_ms": result.latency.get("all", {"all": dict(EMPTY_LATENCY)}),
         "unaudited_windows": windows,

@@ -11,8 +11,17 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_analytics import records
+from spark_analytics.in_doubt import InDoubtList
 
 FINDINGS = ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate", "channel_spurious")
+# Not a discrepancy: an alert never taken from a channel's queue that the operator's in-doubt
+# list holds (an interrupted at-most-once send, settled by the operator). Its own row.
+IN_DOUBT = "channel_in_doubt"
+# What findings.parquet and the per-kind counts hold: the discrepancies, then the in-doubt.
+KINDS = (*FINDINGS, IN_DOUBT)
+# With `--in-doubt`: the list's entries for the deployment, and those the traces show taken
+# from the channel's queue anyway (delivered as far as the broker can tell: no finding).
+IN_DOUBT_COUNTS = ("in_doubt_listed", "in_doubt_delivered")
 
 # What the pipeline dead-letters (or never sent) and the audit skips, counted per deployment.
 JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected",
@@ -104,9 +113,21 @@ def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataF
         for key in ("trade_events_decoded", "distinct_events", "orders", "expected_alerts", "alert_publishes"):
             c.setdefault(key, 0)
         c["channels"] = len(channels.get(v, []))
-        for name in FINDINGS:
+        for name in KINDS:
             c[name] = by_kind.get((v, name), 0)
     return counts
+
+
+def in_doubt_counts(counts: dict[str, dict[str, int]], per_channel: DataFrame, listed: InDoubtList) -> None:
+    """Add `IN_DOUBT_COUNTS` per vhost: listed entries, and judged ones the traces show delivered."""
+    judged = ~F.col("verdict").isin("unaudited", "pending")
+    delivered = F.col("first_deliveries") + F.col("redeliveries") > 0
+    rows = per_channel.where(F.col("in_doubt") & judged & delivered).groupBy("vhost").count().collect() \
+        if listed.entries else []
+    by_vhost = {r["vhost"]: int(r["count"]) for r in rows}
+    for v, c in counts.items():
+        c["in_doubt_listed"] = listed.listed(v)
+        c["in_doubt_delivered"] = by_vhost.get(v, 0)
 
 
 def totals(counts: dict[str, dict[str, int]]) -> dict[str, int]:

@@ -135,3 +135,21 @@ def test_exec_start_is_a_valid_aldebaran_command(name: str) -> None:
     assert parsed.command == args[0]
     if args[0] == "run" and name != "aldebaran-channel@.service":
         assert parsed.metrics_port and parsed.metrics_port > 0
+
+
+def test_audit_unit_feeds_todays_in_doubt_list_to_the_audit() -> None:
+    """ExecStartPre writes `delivery in-doubt --json` where the audit's `--in-doubt` reads it, in the
+    unit's own runtime directory; both command lines parse with the real parser."""
+    from aldebaran.cli import build_parser
+
+    name = "aldebaran-audit.service"
+    service = _unit(name)["Service"]
+    audit = build_parser().parse_args(shlex.split(service["ExecStart"])[1:])
+    [pre] = _all_values(name, "Service", "ExecStartPre")
+    shell = shlex.split(pre.removeprefix("-"))
+    assert shell[:2] == ["/bin/sh", "-c"]
+    command, _, target = shell[2].removeprefix("exec ").partition(" > ")
+    listing = build_parser().parse_args(shlex.split(command)[1:])
+    assert (listing.command, listing.delivery_command, listing.json) == ("delivery", "in-doubt", True)
+    assert audit.command == "audit" and audit.in_doubt == [target]
+    assert target == f"/run/{service['RuntimeDirectory']}/in-doubt.jsonl"

@@ -5,6 +5,10 @@ interrupted (or one that ended without a verdict, such as a timeout after the re
 left) is listed *in doubt* instead. Only the operator can tell, by asking the recipient,
 whether it arrived: `settle --delivered` records that it did, `settle --send-again`
 puts it back on the channel's queue to be sent once more.
+
+`in-doubt --json` is also the nightly audit's input (`aldebaran audit --in-doubt FILE`): one
+JSON object per line, every entry (no limit), each carrying its deployment (`vhost`, the
+RabbitMQ vhost the traces record) so one file can hold several deployments' lists.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import redis
 from aldebaran.channels.ledger import SETTLE, InDoubt, entry_field, ledger_key
 from aldebaran.errors import AldebaranError, ExitCode, UnavailableError
 from aldebaran.io.redis import Keys, describe, sync_client
+from aldebaran.ops.management import vhost_of
 from aldebaran.settings import Settings, mask_url
 from declare.topology import channel_queue
 
@@ -31,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     commands = parser.add_subparsers(dest="delivery_command", metavar="ACTION", required=True)
     listing = commands.add_parser("in-doubt", help="list the alerts in doubt, per channel")
     listing.add_argument("--channel", help="only this channel")
-    listing.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    listing.add_argument("--json", action="store_true",
+                         help="print every entry as JSON lines (vhost, channel, alert_id, target, reason, since, "
+                              "since_ms) instead of a table: the audit's --in-doubt input")
     listing.set_defaults(handler=handle_list)
     settle = commands.add_parser("settle", help="decide one alert in doubt")
     settle.add_argument("channel")
@@ -55,8 +62,10 @@ def _redis(settings: Settings) -> Iterator[redis.Redis]:
         conn.close()
 
 
-def in_doubt(settings: Settings, channel: str | None = None, limit: int = 1000) -> dict[str, list[InDoubt]]:
-    """The entries in doubt of every at-most-once channel (or one), oldest first, at most `limit` each."""
+def in_doubt(settings: Settings, channel: str | None = None,
+             limit: int | None = 1000) -> dict[str, list[InDoubt]]:
+    """The entries in doubt of every at-most-once channel (or one), oldest first, at most `limit` each
+    (None: all)."""
     keys = Keys(settings.redis_key_prefix)
     names = [channel] if channel else [c.name for c in settings.channels]
     found: dict[str, list[InDoubt]] = {}
@@ -119,13 +128,19 @@ def _requeue(settings: Settings, channel: str, entry: InDoubt) -> None:
     raise UnavailableError(f"no broker answered to queue the alert again: {mask_url(str(last))}")
 
 
+def json_lines(settings: Settings, found: dict[str, list[InDoubt]]) -> list[str]:
+    """One JSON object per entry, with the deployment it belongs to: the audit's `--in-doubt` format."""
+    vhost = vhost_of(settings.broker_urls[0])
+    return [json.dumps({"vhost": vhost, **entry.to_dict(), "since": _utc(entry.since_ms, iso=True)})
+            for entries in found.values() for entry in entries]
+
+
 def handle_list(args: argparse.Namespace, settings: Settings) -> int:
-    found = in_doubt(settings, args.channel)
     if args.json:
-        for entries in found.values():
-            for entry in entries:
-                print(json.dumps(entry.to_dict()))
+        for line in json_lines(settings, in_doubt(settings, args.channel, limit=None)):
+            print(line)
         return int(ExitCode.OK)
+    found = in_doubt(settings, args.channel)
     from rich.console import Console
     from rich.table import Table
 
@@ -146,8 +161,9 @@ def handle_settle(args: argparse.Namespace, settings: Settings) -> int:
     return int(ExitCode.OK)
 
 
-def _utc(ms: int) -> str:
+def _utc(ms: int, iso: bool = False) -> str:
     from datetime import datetime
 
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    return moment.isoformat(timespec="milliseconds") if iso else moment.strftime("%Y-%m-%d %H:%M:%S")
 
