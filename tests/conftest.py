@@ -16,7 +16,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (`--dist loadgroup`), every Spark test runs on one worker: one JVM
     and one SparkSession for them all, instead of one per worker on two cores."""
     for item in items:
-        if item.get_closest_marker("spark"):
+        if item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
