@@ -52,6 +52,7 @@ async def _demo(settings: Settings, args: argparse.Namespace, run: str) -> int:
     from rich.console import Console
 
     from aldebaran.io import amqp
+    from aldebaran.io.alert_bus import split_alerts
     from aldebaran.io.publisher import Body, publish_bodies
     from aldebaran.publish import batches
     from aldebaran.trades.generator import generate
@@ -76,8 +77,9 @@ async def _demo(settings: Settings, args: argparse.Namespace, run: str) -> int:
         last_alert = [0.0]
 
         async def on_alert(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            alert = json.loads(message.body)
-            alerts.setdefault(alert["alert_id"], alert)
+            for body in split_alerts(message.body):  # one alert, or a batch (CONTRACT §3)
+                alert = json.loads(body)
+                alerts.setdefault(alert["alert_id"], alert)
             last_alert[0] = time.perf_counter()
             await message.ack()
 
