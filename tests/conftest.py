@@ -13,10 +13,11 @@ from tests.support.pipeline import Broker, declare
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`), every Spark test runs on one worker: one JVM
-    and one SparkSession for them all, instead of one per worker on two cores."""
+    """Under pytest-xdist (`--dist loadgroup`), the tests of the shared in-process SparkSession
+    run on one worker: one JVM for them all instead of one per worker on two cores. (Spark
+    tests that run the audit as a command, or ask for the session late, go anywhere.)"""
     for item in items:
-        if item.get_closest_marker("spark") or "spark" in getattr(item, "fixturenames", ()):
+        if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
