@@ -46,9 +46,12 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("ALDEBARAN_")}
     env.update(ALDEBARAN_MANAGEMENT_URL=services.MANAGEMENT_URL, ALDEBARAN_REDIS_URL=services.REDIS_URL,
                ALDEBARAN_AMQP_URL=services.AMQP_URL, ALDEBARAN_LOG_FORMAT="json")
-    result = subprocess.run(
-        [sys.executable, "-m", "aldebaran.cli", "bench", "--quick", "--systems", "raw,handwritten,engine",
-         "--output", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    try:  # under pytest's own 300 s, so that a wedged bench says where it was
+        result = subprocess.run(
+            [sys.executable, "-m", "aldebaran.cli", "bench", "--quick", "--systems", "raw,handwritten,engine",
+             "--output", str(tmp_path)], env=env, capture_output=True, text=True, timeout=270)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the bench hung: {exc.stdout!r:.3000} {exc.stderr!r:.3000}") from exc
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "benchmarks.md").read_text()
     assert "aldebaran bench --quick" in report

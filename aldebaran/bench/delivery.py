@@ -19,7 +19,7 @@ from pathlib import Path
 import aiormq
 
 from aldebaran.api.pullqueue import PullQueue
-from aldebaran.bench.environment import Place
+from aldebaran.bench.environment import Place, stop_process
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import client as redis_client
 
@@ -126,8 +126,4 @@ class Delivery:
             await asyncio.gather(self.reader, return_exceptions=True)
         if self.connection is not None:
             await self.connection.close()
-        for process in self.processes:
-            if process.returncode is None:
-                process.terminate()
-        for process in self.processes:
-            await process.wait()
+        await asyncio.gather(*(stop_process(process) for process in self.processes))

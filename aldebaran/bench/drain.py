@@ -24,7 +24,7 @@ import aiormq.abc
 import msgspec
 from pamqp import commands as spec
 
-from aldebaran.bench.environment import CpuMeter, Place, free_ports
+from aldebaran.bench.environment import CpuMeter, Place, free_ports, stop_process
 from aldebaran.bench.metrics_scrape import scrape, total
 from aldebaran.io.alert_bus import split_alerts
 from aldebaran.io.publisher import Body
@@ -175,22 +175,27 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
         elif seen:
             result.last_alert_after = max(seen) - finished
     finally:
-        worker.terminate()
-        await worker.wait()
+        await stop_process(worker)
         if extra is not None:
             await extra.stop()
         await connection.close()
     return result
 
 
-async def _processed(port: int, worker: asyncio.subprocess.Process, events: int) -> float:
-    """Poll the engine's book-event counter until it reaches `events`; when it did (monotonic)."""
+async def _processed(port: int, worker: asyncio.subprocess.Process, events: int, stall: float = 120.0) -> float:
+    """Poll the engine's book-event counter until it reaches `events`; when it did (monotonic).
+    A counter that stands still for `stall` seconds is an error, not a wait forever."""
+    last, moved = -1.0, time.monotonic()
     while True:
         done = total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total")
         if done >= events:
             return time.monotonic()
         if worker.returncode is not None:
             raise RuntimeError(f"the engine exited with {worker.returncode}")
+        if done != last:
+            last, moved = done, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise RuntimeError(f"the engine stalled at {done:,.0f} of {events:,} events for {stall:.0f} s")
         await asyncio.sleep(POLL_SECONDS)
 
 

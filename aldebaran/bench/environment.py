@@ -6,6 +6,7 @@ machine's other users (tests running concurrently) never see the bench's.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -146,3 +147,14 @@ class CpuMeter:
             cores[label] = cores.get(label, 0.0) + (times.user + times.system - before) / wall
         self.cores = cores
         return cores
+
+
+async def stop_process(process: asyncio.subprocess.Process, grace: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds: a wedged worker must not hang the bench."""
+    if process.returncode is None:
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except TimeoutError:
+        process.kill()
+        await process.wait()

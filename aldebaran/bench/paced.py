@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aldebaran.bench.environment import CpuMeter, Place, free_ports
+from aldebaran.bench.environment import CpuMeter, Place, free_ports, stop_process
 from aldebaran.bench.metrics_scrape import scrape, total
 from aldebaran.bench.workload import Workload
 from aldebaran.io.latency_samples import read_samples
@@ -78,8 +78,7 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
         result.events = published
         await asyncio.sleep(1.0)  # the last alert batches confirmed and sampled
     finally:
-        worker.terminate()
-        await worker.wait()
+        await stop_process(worker)
     measured = read_samples(samples)
     result.latency = {"book": percentiles(measured["book"]), "alert": percentiles(measured["alert"])}
     return result
