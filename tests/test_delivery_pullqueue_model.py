@@ -42,6 +42,7 @@ class PullQueueMachine(RuleBasedStateMachine):
         self.dead: list[str] = []
         self.retries: dict[str, int] = {}
         self.visible_again_at: dict[str, int] = {}  # last hand-out's deadline, never forgotten
+        self.first_key: dict[str, str] = {}  # dedup id -> the key its first send created
 
     def run(self, coro):  # noqa: ANN001, ANN201
         return self.loop.run_until_complete(coro)
@@ -100,8 +101,25 @@ class PullQueueMachine(RuleBasedStateMachine):
         if created:
             self.texts[key], self.retries[key] = text, 0
             self.ready.append(key)
+            self.first_key[dedup] = key
         else:
-            assert key in self.retries  # the first send's key, live or already deleted
+            assert key == self.first_key[dedup]  # the first send's key, live or already deleted
+
+    @rule(batch=st.lists(st.tuples(st.text(min_size=1, max_size=5), st.sampled_from([None, "a", "b", "c"])),
+                         min_size=1, max_size=6))
+    def send_many(self, batch: list[tuple[str, str | None]]) -> None:
+        """One call, each message as `send` would have it: a known or repeated dedup id enqueues nothing."""
+        replies = self.run(self.queue.send_many(batch))
+        assert len(replies) == len(batch)
+        for (text, dedup), (key, created) in zip(batch, replies, strict=True):
+            if dedup is not None and dedup in self.first_key:
+                assert (key, created) == (self.first_key[dedup], False)
+                continue
+            assert created and key not in self.retries
+            self.texts[key], self.retries[key] = text, 0
+            self.ready.append(key)
+            if dedup is not None:
+                self.first_key[dedup] = key
 
     @invariant()
     def nothing_lost_nothing_doubled(self) -> None:

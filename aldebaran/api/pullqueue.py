@@ -21,7 +21,7 @@ from importlib import resources
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from aldebaran.io.redis import Keys, Replicas, check_replicated, run_script, wait_replicas
+from aldebaran.io.redis import Keys, Replicas, run_script
 
 
 def _script(redis: aioredis.Redis, name: str) -> AsyncScript:
@@ -69,6 +69,7 @@ class PullQueue:
         self._clock = clock
         self._replicas = replicas  # an enqueue is on this many replicas before `send` returns
         self._send = _script(redis, "send.lua")
+        self._send_many = _script(redis, "send_many.lua")
         self._receive = _script(redis, "receive.lua")
         self._rescue = _script(redis, "rescue.lua")
         self._delete = _script(redis, "delete.lua")
@@ -80,16 +81,17 @@ class PullQueue:
         return _text(actual), bool(created)
 
     async def send_many(self, messages: Sequence[tuple[str, str | None]]) -> list[tuple[str, bool]]:
-        """`send` for many (message, dedup id) pairs in one round trip, each enqueue atomic on its own."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for message, dedup_id in messages:
-                keys, args = self._send_call(message, dedup_id)
-                await self._send(keys=keys, args=args, client=pipe)
-            wait_replicas(pipe, self._replicas)
-            replies = await pipe.execute()
-        if self._replicas.count:
-            check_replicated(replies.pop(), self._replicas)
-        return [(_text(actual), bool(created)) for created, actual in replies]
+        """`send` for many (message, dedup id) pairs in one script call, each enqueue as `send`'s."""
+        if not messages:
+            return []
+        keys, args = [self._ready, self._bodies, self._retries], [str(self._dedup_ttl)]
+        stamp = self._clock()
+        for message, dedup_id in messages:
+            keys.append(f"{self._root}:sent:{dedup_id}" if dedup_id is not None else self._ready)
+            args += [str(uuid.uuid4()), json.dumps({"timestamp": stamp, "message": message}),
+                     "1" if dedup_id is not None else "0"]
+        replies = await run_script(self._redis, self._send_many, keys, args, self._replicas)
+        return [(_text(replies[i + 1]), bool(replies[i])) for i in range(0, len(replies), 2)]
 
     def _send_call(self, message: str, dedup_id: str | None) -> tuple[list[str], list[str | int]]:
         """The send script's keys and arguments for one message."""

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the bench's modules load when the command runs
     from aldebaran.io.publisher import Body
 
 SYSTEMS = ("raw", "handwritten", "bytewax", "engine")
+WORKLOADS = ("msgpack", "json", "alert-heavy", "sustained", "paced")
 NAMES = {"raw": "raw broker ceiling (consume + ack)", "handwritten": "hand-written batched pika consumer",
          "bytewax": "Bytewax 0.21, keyed stateful_map, 1 worker"}
 
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="events of the engine's sustained low-alert drain (0 = skip)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per system and workload (median shown)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
     parser.add_argument("--paced-rate", type=float, default=100_000, help="offered events/s of the paced run")
     parser.add_argument("--paced-seconds", type=float, default=20.0)
     parser.add_argument("--ttl", type=float, default=10.0, help="book_ttl_seconds of the engine runs")
@@ -64,6 +66,11 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     from aldebaran.trades.generator import expected_alerts
 
     systems = [s for s in args.systems.split(",") if s]
+    chosen = {w for w in args.workloads.split(",") if w}
+    if chosen - set(WORKLOADS):
+        known = ",".join(WORKLOADS)
+        print(f"unknown workloads {sorted(chosen - set(WORKLOADS))}; choose from {known}", file=sys.stderr)
+        return 2
     load_before = os.getloadavg()
     notes: list[str] = []
     if "bytewax" in systems and importlib.util.find_spec("bytewax") is None:
@@ -80,20 +87,22 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     heavy_events = sum(b.events for b in heavy_bodies)
     heavy_expected = expected_alerts(heavy.events[:heavy_events])
     drains: list[str] = []
-    workloads = [("low-alert, 1000-event msgpack", msgpack_bodies, low_events, low_expected, False),
-                 ("low-alert, 100-event JSON", json_bodies, json_events, low_expected, False),
-                 ("alert-heavy, 1000-event msgpack", heavy_bodies, heavy_events, heavy_expected, True)]
-    for label, bodies, events, expected, delivery in workloads:
+    workloads = [("msgpack", "low-alert, 1000-event msgpack", msgpack_bodies, low_events, low_expected, False),
+                 ("json", "low-alert, 100-event JSON", json_bodies, json_events, low_expected, False),
+                 ("alert-heavy", "alert-heavy, 1000-event msgpack", heavy_bodies, heavy_events, heavy_expected, True)]
+    for key, label, bodies, events, expected, delivery in workloads:
+        if key not in chosen:
+            continue
         runs = await _workload(settings, args, systems, label, bodies, events, delivery, workdir)
         drains += table.drain_rows(label, runs, {run.name: _expected_for(run.name, expected) for run in runs})
         _print(drains[-len(runs):])
-    if args.sustained_events and "engine" in systems:
+    if args.sustained_events and "engine" in systems and "sustained" in chosen:
         sustained = await _sustained(settings, args, low, workdir)
         drains += table.drain_rows("low-alert, 1000-event msgpack, sustained", [sustained[0]],
                                    {sustained[0].name: sustained[1]})
         _print(drains[-1:])
     paced_rows = []
-    if "engine" in systems:
+    if "engine" in systems and "paced" in chosen:
         from aldebaran.bench.environment import Place
 
         with Place(settings) as place:

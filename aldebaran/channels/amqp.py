@@ -16,6 +16,7 @@ from pamqp import commands as spec
 
 from aldebaran.channels.base import Alert, NotDelivered
 from aldebaran.io.amqp import connect, persistent
+from aldebaran.io.publish_many import publish_many
 from aldebaran.settings import AmqpChannel, Settings, mask_url
 
 
@@ -59,19 +60,19 @@ class AmqpSink:
             raise NotDelivered(f"the broker refused the alert: {exc!r}") from None
 
     async def send_many(self, alerts: Sequence[Alert], target: str) -> list[BaseException | None]:
-        """Many alerts, one message each, all in flight at once on the confirm channel (aiormq
-        underneath: an aio-pika Message per publish costs more than the publish)."""
+        """Many alerts, one message each, written at once and confirmed each on its own
+        (`publish_many`: a write and a future per alert cost 4× the CPU)."""
         try:
             if self._exchange is None:
                 await self._open()
             assert self._channel is not None
             raw = await self._channel.get_underlay_channel()
-        except Exception as exc:  # noqa: BLE001 - no connection: nothing was published
+            publishes = await publish_many(
+                raw, [alert.body for alert in alerts],
+                [spec.Basic.Properties(delivery_mode=2, message_id=alert.alert_id, content_type="application/json")
+                 for alert in alerts], exchange=self._config.exchange, routing_key=self._config.routing_key)
+        except Exception as exc:  # noqa: BLE001 - no connection, or the write never happened: nothing was published
             return [NotDelivered(f"cannot reach the broker: {type(exc).__name__}: {mask_url(str(exc))}")] * len(alerts)
-        publishes = [asyncio.ensure_future(raw.basic_publish(
-            alert.body, exchange=self._config.exchange, routing_key=self._config.routing_key, mandatory=True,
-            properties=spec.Basic.Properties(delivery_mode=2, message_id=alert.alert_id,
-                                             content_type="application/json"))) for alert in alerts]
         done, late = await asyncio.wait(publishes, timeout=self._config.timeout_seconds)
         for publish in late:
             publish.cancel()

@@ -9,7 +9,6 @@ deliverer (`workers/channel.py`) and the ledger (`aldebaran/channels/ledger.py`)
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -18,11 +17,13 @@ from typing import Any, Protocol
 
 import aio_pika
 import aio_pika.abc
+import msgspec
 
 from aldebaran.io.amqp import persistent
 from declare.topology import REASON_HEADER, channel_dead_letter
 
 MAX_REASON_CHARS = 1000
+_decode = msgspec.json.Decoder().decode
 MAX_ALERT_ID_BYTES = 255  # the pipeline's own alert ids are bounded so (CONTRACT §1 ids <= 200 bytes)
 
 
@@ -51,8 +52,8 @@ class Alert:
     @classmethod
     def parse(cls, body: bytes, message_id: str | None = None) -> Alert:
         try:
-            fields = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+            fields = _decode(body)
+        except msgspec.DecodeError as exc:
             raise UnreadableAlert(f"not JSON: {exc}") from None
         if not isinstance(fields, dict):
             raise UnreadableAlert("not a JSON object")

@@ -102,6 +102,7 @@ class DeliveryLedger:
         self._index = keys.in_doubt(channel)
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
+        self._mark = redis.register_script(_MARK)
 
     def key(self, alert_id: str, target: str = "") -> str:
         return ledger_key(self._keys, self._channel, alert_id, target)
@@ -146,8 +147,9 @@ class DeliveryLedger:
     async def _settle(self, delivered: Sequence[tuple[str, str]], released: Sequence[tuple[str, str]],
                       in_doubt: Sequence[tuple[str, str, str, bytes]]) -> None:
         async with self._redis.pipeline(transaction=False) as pipe:
-            for alert_id, target in delivered:
-                pipe.set(self.key(alert_id, target), DELIVERED, ex=self._ttl)
+            if delivered:
+                await self._mark(keys=[self.key(alert_id, target) for alert_id, target in delivered],
+                                 args=[DELIVERED, self._ttl], client=pipe)
             for alert_id, target in released:
                 await self._release(keys=[self.key(alert_id, target)], args=[SENDING + self._token], client=pipe)
             for alert_id, target, reason, body in in_doubt:
@@ -197,6 +199,12 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 if ARGV[2] == 'delivered' then redis.call('SET', KEYS[1], 'delivered', 'EX', ARGV[3])
 else redis.call('DEL', KEYS[1]) end
 return entry
+"""
+
+# KEYS: ledger keys. ARGV: the value (`delivered`), ttl. One call for a round's deliveries.
+_MARK = """
+for _, key in ipairs(KEYS) do redis.call('SET', key, ARGV[1], 'EX', ARGV[2]) end
+return #KEYS
 """
 
 # KEYS: the ledger key. ARGV: our sending mark. Deletes it only while it is ours.

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 
 import aiormq.abc
 import msgspec
+from aiormq.exceptions import DeliveryError
 from pamqp import commands as spec
 from pamqp.common import FieldTable
 
+from aldebaran.io.publish_many import publish_many
 from declare.topology import ALERT
 
 MAX_ALERTS_PER_MESSAGE = 1000
@@ -43,20 +45,23 @@ async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequenc
     crash can tell what went out.
     """
     headers: FieldTable | None = {"BCC": [witness]} if witness else None
-    sends = []
+    messages, properties = [], []
     for start in range(0, len(bodies), MAX_ALERTS_PER_MESSAGE):
         chunk = bodies[start:start + MAX_ALERTS_PER_MESSAGE]
         if len(chunk) == 1:
             body, message_id = chunk[0], alert_ids[start]
         else:
             body, message_id = batch_body(chunk), f"batch:{uuid.uuid4().hex}"
-        properties = spec.Basic.Properties(delivery_mode=2, message_id=message_id,
-                                           content_type=BATCH_CONTENT_TYPE, headers=headers)
-        sends.append(channel.basic_publish(body, exchange=exchange, routing_key=routing_key, mandatory=True,
-                                           properties=properties))
-    for confirm in await asyncio.gather(*sends):
-        if confirm is not None and not isinstance(confirm, spec.Basic.Ack):
-            raise AlertsRefused(f"alert batch not confirmed: {confirm!r}")
+        messages.append(body)
+        properties.append(spec.Basic.Properties(delivery_mode=2, message_id=message_id,
+                                                content_type=BATCH_CONTENT_TYPE, headers=headers))
+    if not messages:
+        return
+    futures = await publish_many(channel, messages, properties, exchange=exchange, routing_key=routing_key)
+    try:
+        await asyncio.gather(*futures)
+    except DeliveryError as exc:  # a nack or a return: the broker does not hold every message
+        raise AlertsRefused(f"alert batch not confirmed: {exc!r}") from None
 
 
 def split_alerts(body: bytes) -> list[bytes]:
