@@ -151,6 +151,12 @@ class QueueApiChannel(_ChannelBase):
     def guarantee(self) -> Guarantee:
         return "exactly-once"  # the enqueue is keyed by alert_id
 
+    @property
+    def in_flight(self) -> int:
+        # A round of enqueues is one Redis script call and a repeat enqueues nothing: there is
+        # no outside recipient to spare and no doubt to bound, so whole rounds go at once.
+        return self.max_in_flight or 1024
+
 
 ChannelConfig = Annotated[
     WebhookChannel | AmqpChannel | EmailChannel | SmsChannel | PushChannel | NagiosChannel | LogChannel

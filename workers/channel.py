@@ -46,7 +46,7 @@ from declare.topology import channel_dead_letter, channel_queue, durable_argumen
 from workers.channel_items import Envelope, Item, Unreadable, read
 from workers.runtime import Lifecycle
 
-BATCH = 256
+BATCH = 1024
 REDIS_PAUSE_SECONDS = 1.0
 INTERRUPTED = "an earlier attempt was interrupted (its deliverer stopped or crashed mid-send)"
 
@@ -65,6 +65,7 @@ class ChannelWorker:
         self._log = get_logger("channel", channel=channel_name)
         self._per_alert = PerAlertLock()
         self._slots = asyncio.Semaphore(self.config.in_flight)
+        self._acquiring = asyncio.Lock()
         self._token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._ledger: DeliveryLedger | None = None
         self._amqp_channel: aio_pika.abc.AbstractChannel | None = None
@@ -156,10 +157,16 @@ class ChannelWorker:
                 later.append(item)
             else:
                 firsts[item.alert.alert_id] = item
+        # Chunks of half the window: one chunk's claim and send overlap the other's wait for
+        # answers, and never more than `max_in_flight` sends are under way.
+        step = max(1, self.config.in_flight // 2)
         for target in self._sink.targets:
             live = [item for item in firsts.values() if not item.failed]
-            for start in range(0, len(live), self.config.in_flight):
-                await self._attempt(live[start:start + self.config.in_flight], target)
+            outcomes = await asyncio.gather(*(self._attempt(live[start:start + step], target)
+                                              for start in range(0, len(live), step)), return_exceptions=True)
+            for outcome in outcomes:  # every chunk has finished: the caller may requeue what is unsettled
+                if isinstance(outcome, BaseException):
+                    raise outcome
         for item in firsts.values():
             if item.retry and not item.failed:
                 self._spawn_retry(item)
@@ -174,8 +181,9 @@ class ChannelWorker:
     async def _attempt(self, chunk: Sequence[Item], target: str) -> None:
         """One attempt for each item's alert to `target`, under a slot each: claimed, sent, settled."""
         assert self._ledger is not None
-        for _ in chunk:
-            await self._slots.acquire()
+        async with self._acquiring:  # a chunk takes all its slots before the next one takes any
+            for _ in chunk:
+                await self._slots.acquire()
         try:
             ids = [(item.alert.alert_id, target) for item in chunk]
             claims = await self._ledger.claim(ids, record_attempt=self.at_most_once)

@@ -112,6 +112,15 @@ class PullQueue:
             out.append(Received(_text(raw[i]), int(body["timestamp"]), int(raw[i + 1]), body["message"]))
         return out
 
+    async def peek(self, start: int, count: int) -> list[str]:
+        """The messages at positions `start`.. of the ready list, left where they are: for an
+        observer (the bench) that must not do a consumer's work on Redis."""
+        keys = await self._redis.lrange(self._ready, start, start + count - 1)
+        if not keys:
+            return []
+        bodies = await self._redis.hmget(self._bodies, keys)
+        return [json.loads(body)["message"] for body in bodies if body is not None]
+
     async def delete(self, key: str) -> bool:
         """Acknowledge a processed message; False if no such message exists."""
         removed = await self._delete(

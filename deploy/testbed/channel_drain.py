@@ -7,7 +7,7 @@ them until the pull queue and the `downstream` queue hold N alerts each. Prints 
 CPU µs per alert of each deliverer, RabbitMQ and Redis (the deliverers run at once, so the
 broker's and Redis's share is for both).
 
-    .venv/bin/python deploy/testbed/channel_drain.py 100000
+    .venv/bin/python deploy/testbed/channel_drain.py 100000 [amqp max_in_flight, default 256 as in the bench]
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ async def landed(place: Place, settings: Settings) -> tuple[int, int]:
     return bus, pull
 
 
-async def main(alerts: int) -> None:
+async def main(alerts: int, in_flight: int) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         config = Path(workdir) / "channels.toml"
-        config.write_text(CONFIG)
+        config.write_text(CONFIG.replace("max_in_flight = 256", f"max_in_flight = {in_flight}"))
         os.environ["ALDEBARAN_CONFIG"] = str(config)  # the channel queues are declared from it
         await _run(Settings(), config, alerts)
 
@@ -128,4 +128,4 @@ async def _measure(place: Place, processes: list[asyncio.subprocess.Process],
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000))
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000, int(sys.argv[2]) if len(sys.argv) > 2 else 256))
