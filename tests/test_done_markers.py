@@ -9,9 +9,10 @@ from hypothesis import given, settings as hsettings, strategies as st
 from aldebaran.apps.trade_limits import TradeLimits
 from aldebaran.core.done_markers import GROUP_SECONDS, DoneMarkers
 from aldebaran.core.engine import Engine
-from aldebaran.core.wal import WalMessage, decode_done
+from aldebaran.core.wal import WalMessage
 from aldebaran.trades.codec import MSGPACK, encode_msgpack
 from aldebaran.trades.events import Purchase, PurchaseRequest
+from tests.support.done_store import StoredDone
 
 NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
 RULES = {"trade_limits": TradeLimits()}
@@ -75,7 +76,40 @@ def test_a_capped_engine_forgets_its_oldest_markers_and_says_how_many() -> None:
     reopened = offer(Purchase("a1", "a", 50, "c", "s"), 20_000)
     assert reopened.applied == 1 and "a" in engine.books.books["trade_limits"]  # forgotten: a fresh book
 
-    compacted, _ = engine.compaction()
+    stored = StoredDone()
+    stored.compact(engine)
     rebuilt = Engine([TradeLimits()], default_ttl=3, done_retention=600, done_cap=2, max_message_bytes=1 << 20)
-    rebuilt.restore_done(decode_done(compacted))
+    rebuilt.restore_done(stored.image())
     assert {k for g in rebuilt.books.done.groups() for k in g.keys} == {"d", "e"}
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["x", "y"]), st.integers(0, 4), st.floats(0.0, 2.5),
+                          st.floats(0.0, 4.0), st.booleans()), max_size=30), st.integers(1, 12))
+def test_what_compactions_store_is_always_the_whole_store(ops, cap) -> None:
+    """Deltas only (groups that grew, were cut by the cap, expired), yet the stored copy read
+    back is the store, group by group, after every compaction and after a restart."""
+    store, stored, expiry, serial = DoneMarkers(cap), {}, 0.0, 0
+
+    def compact() -> None:
+        delta = store.delta()
+        if delta.rewrite:
+            stored.clear()
+        stored.update({g.seq: (g.app, g.expires_at, list(g.keys)) for g in delta.changed})
+        for seq in delta.dropped:
+            stored.pop(seq, None)
+        store.written(delta)
+        assert [stored[seq] for seq in sorted(stored)] == [(g.app, g.expires_at, g.keys) for g in store.groups()]
+
+    for app, n, gap, back, compacting in ops:
+        expiry += gap
+        store.add(app, [f"k{serial + i}" for i in range(n)], expiry)
+        serial += n
+        store.expire(expiry - back)
+        if compacting:
+            compact()
+    compact()
+    again = DoneMarkers(cap)
+    again.restore(store.groups(), 0.0)
+    store, stored = again, {seq: value for seq, value in stored.items()}
+    compact()  # a restored store rewrites the stored copy: its groups have new seqs

@@ -10,10 +10,11 @@ from aldebaran.apps.trade_limits import rule
 from aldebaran.core.batching import NaturalBatcher
 from aldebaran.core.engine import Engine
 from aldebaran.core.pipeline_clock import PipelineClock
-from aldebaran.core.wal import WalIndex, WalMessage, decode_done, decode_record
+from aldebaran.core.wal import WalIndex, WalMessage, decode_record
 from aldebaran.trades.codec import MSGPACK, encode_msgpack
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
+from tests.support.done_store import StoredDone
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TTL = 2.0
@@ -71,7 +72,7 @@ def test_replaying_the_log_rebuilds_exactly_the_lost_books(seed: int, cuts: list
     messages, _ = _messages(seed)
     live = _engine()
     log: list[bytes] = []
-    done_image = None
+    stored = StoredDone()
     stamp, taken, index = 10_000, 0, 0
     crash_at = int(len(messages) * crash)
     rebuilt: Engine | None = None
@@ -88,13 +89,11 @@ def test_replaying_the_log_rebuilds_exactly_the_lost_books(seed: int, cuts: list
             continue
         log.append(cycle.record)  # type: ignore[arg-type]
         if index % compact_every == 0:
-            done_image, trim = live.compaction()
-            live.wal.trimmed(trim)
-            del log[:trim]
+            del log[:stored.compact(live).trim]
         if taken >= crash_at:
             rebuilt = _engine()
-            if done_image is not None:
-                rebuilt.restore_done(decode_done(done_image))
+            if stored.clock_ms:
+                rebuilt.restore_done(stored.image())
             for record in log:
                 rebuilt.replay(decode_record(record), NOW)
             assert _state(rebuilt) == _state(live)

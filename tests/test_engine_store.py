@@ -9,6 +9,9 @@ from itertools import chain, count
 
 import pytest
 
+from aldebaran.core.done_markers import DoneDelta, DoneGroup, DoneMarkers
+from aldebaran.core.engine import Compaction
+from aldebaran.core.wal import DoneImage, encode_done
 from aldebaran.io.engine_store import EngineStore, Fenced
 from aldebaran.io.redis import Keys, connect
 from aldebaran.settings import Settings
@@ -21,6 +24,11 @@ async def store(settings: Settings):
     assert await store.acquire()
     yield store
     await redis.aclose()
+
+
+def _compaction(trim: int = 0, clock_ms: int = 1000, changed: list[DoneGroup] | None = None,
+                dropped: list[int] | None = None, rewrite: bool = False) -> Compaction:
+    return Compaction(clock_ms, DoneDelta(rewrite, changed or [], dropped or []), trim)
 
 
 def _same_op_twice(store: EngineStore) -> None:
@@ -46,8 +54,8 @@ async def test_a_compaction_sent_twice_trims_once(store: EngineStore) -> None:
     for n in range(5):
         await store.commit(f"r{n}".encode(), [], [])
     _same_op_twice(store)
-    await store.compact(b"image", 2)
-    await store.compact(b"image", 2)
+    await store.compact(_compaction(trim=2))
+    await store.compact(_compaction(trim=2))
     assert await store.wal_length() == 3
 
 
@@ -57,4 +65,40 @@ async def test_a_commit_without_the_lease_is_fenced(store: EngineStore) -> None:
     with pytest.raises(Fenced):
         await other.commit(b"r", [], [])
     with pytest.raises(Fenced):
-        await other.compact(b"image", 0)
+        await other.compact(_compaction())
+
+
+async def test_compactions_store_what_changed_and_load_reads_the_whole(store: EngineStore) -> None:
+    markers = DoneMarkers(100)
+    markers.add("app", ["a", "b"], 10.0)
+    markers.add("app", ["c"], 20.0)
+
+    async def compact(clock_ms: int) -> int:
+        delta = markers.delta()
+        await store.compact(_compaction(clock_ms=clock_ms, changed=delta.changed, dropped=delta.dropped,
+                                        rewrite=delta.rewrite))
+        markers.written(delta)
+        return len(delta.changed)
+
+    assert await compact(1000) == 2  # the first stores everything
+    markers.add("app", ["d"], 20.5)  # grows the last group
+    markers.add("app", ["e"], 30.0)
+    markers.expire(15.0)  # the first group is gone
+    assert await compact(2000) == 2  # the grown group and the new one, not every group
+    image, _, _ = await store.load()
+    assert image is not None and image.clock_ms == 2000
+    assert [(g.expires_at, g.keys) for g in image.groups] == [(20.5, ["c", "d"]), (30.0, ["e"])]
+
+
+async def test_the_one_blob_image_of_before_still_loads_and_a_rewrite_replaces_it(store: EngineStore) -> None:
+    await store.redis.set(store._done, encode_done(DoneImage(500, [DoneGroup("app", 9.0, ["old"])])))
+    image, _, _ = await store.load()
+    assert image is not None and image.clock_ms == 500 and image.groups[0].keys == ["old"]
+    markers = DoneMarkers(100)
+    markers.restore(image.groups, 0.0)
+    delta = markers.delta()
+    assert delta.rewrite
+    await store.compact(_compaction(clock_ms=600, changed=delta.changed, rewrite=True))
+    assert not await store.redis.exists(store._done)
+    image, _, _ = await store.load()
+    assert image is not None and image.clock_ms == 600 and [g.keys for g in image.groups] == [["old"]]

@@ -134,9 +134,9 @@ class Session:
             if cycle.conflicts or cycle.rejects or cycle.close_failures:
                 self.worker.troubles(cycle)
             if monotonic - last_compaction >= self.config.compact_seconds:
-                image, trim = engine.compaction()
-                await self.store.compact(image, trim)  # fenced: only the owner goes on
-                engine.wal.trimmed(trim)
+                compaction = engine.compaction()
+                await self.store.compact(compaction)  # fenced: only the owner goes on
+                engine.compacted(compaction)
                 if self.trimming is None or self.trimming.done():
                     self.trimming = asyncio.ensure_future(self._trim_witnesses())
                 last_compaction = monotonic

@@ -50,7 +50,7 @@ def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
 
 async def paced(place: Place, workload: Workload, rate: float, seconds: float, ttl: float, workdir: Path) -> Paced:
     """Publish relabelled rounds at `rate` events/s for `seconds`; the engine consumes as they come."""
-    result = Paced(f"engine, paced at {rate:,.0f} events/s offered", rate)
+    result = Paced(f"engine, paced at {rate:,.0f} events/s offered in {workload.batch}-event messages", rate)
     samples = tempfile.mkdtemp(prefix="aldebaran-bench-", dir=workdir)
     port = free_ports(1)
     env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning",

@@ -52,6 +52,13 @@ class Workload:
         letter = LETTERS[round_index - 1]
         return {alert.replace(":o", f":{letter}", 1) for alert in self.expected}
 
+    def rebatched(self, batch: int) -> Workload:
+        """The same stream in msgpack bodies of `batch` events (a publisher flushing smaller batches)."""
+        events = self.events
+        bodies = [Body(encode_msgpack(events[i:i + batch]), len(events[i:i + batch]), MSGPACK)
+                  for i in range(0, len(events), batch)]
+        return Workload(events, self.expected, bodies, batch)
+
     @property
     def max_rounds(self) -> int:
         return len(LETTERS) + 1

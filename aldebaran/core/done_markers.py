@@ -24,6 +24,16 @@ class DoneGroup(msgspec.Struct, array_like=True, gc=False):
     app: str
     expires_at: float
     keys: list[str]
+    seq: int = 0  # creation order in this process: what a stored copy of the group is filed under
+
+
+class DoneDelta(msgspec.Struct, gc=False):
+    """What changed since the last stored copy: groups new or changed, groups gone. With
+    `rewrite`, `changed` is every group and the stored copy is replaced (after a restore)."""
+
+    rewrite: bool
+    changed: list[DoneGroup]
+    dropped: list[int]
 
 # Keys closed within this many seconds of each other share a group (expiring up to this late).
 GROUP_SECONDS = 1.0
@@ -39,6 +49,11 @@ class DoneMarkers:
         self._keys: dict[str, set[str]] = {}
         self._groups: deque[DoneGroup] = deque()  # oldest expiry first; the last one may grow
         self._count = 0
+        # What a compaction must store (`delta`): only what changed, not every marker each time.
+        self._seq = 0
+        self._changed: set[int] = set()
+        self._dropped: set[int] = set()
+        self._rewrite = True  # nothing stored by this process yet
 
     def __len__(self) -> int:
         return self._count
@@ -64,8 +79,11 @@ class DoneMarkers:
                 and last.expires_at <= expires_at:
             last.keys.extend(keys)
             last.expires_at = expires_at
+            self._changed.add(last.seq)
         else:
-            self._groups.append(DoneGroup(app, expires_at, list(keys)))
+            self._seq += 1
+            self._groups.append(DoneGroup(app, expires_at, list(keys), self._seq))
+            self._changed.add(self._seq)
         self._count += len(keys)
         if self._count > self.cap:
             self._forget(self._count - self.cap)
@@ -77,6 +95,7 @@ class DoneMarkers:
             group = groups.popleft()
             self._keys[group.app].difference_update(group.keys)
             self._count -= len(group.keys)
+            self._gone(group)
 
     @property
     def remembered_seconds(self) -> float:
@@ -92,12 +111,31 @@ class DoneMarkers:
         """Every group, oldest first (for a snapshot: encoded as they are, no copy per key)."""
         return list(self._groups)
 
+    def delta(self) -> DoneDelta:
+        """What to store now (as it stands: `written` once it is stored)."""
+        if self._rewrite:
+            return DoneDelta(True, list(self._groups), [])
+        changed = [group for group in self._groups if group.seq in self._changed]
+        return DoneDelta(False, changed, sorted(self._dropped))
+
+    def written(self, delta: DoneDelta) -> None:
+        """`delta` is stored: later deltas leave it out."""
+        self._rewrite = False
+        self._changed.difference_update(group.seq for group in delta.changed)
+        self._dropped.difference_update(delta.dropped)
+
     def restore(self, groups: Iterable[DoneGroup], now_ts: float) -> None:
-        """Add groups read back from images, in the order written; expired ones are skipped."""
+        """Add groups read back from images, in the order written; expired ones are skipped.
+        They are regrouped here, so the next delta rewrites the stored copy."""
         for group in groups:
             if group.expires_at > now_ts:
                 keys = self.of(group.app)
                 self.add(group.app, [k for k in group.keys if k not in keys], group.expires_at)
+        self._rewrite = True
+
+    def _gone(self, group: DoneGroup) -> None:
+        self._changed.discard(group.seq)
+        self._dropped.add(group.seq)
 
     def _forget(self, excess: int) -> None:
         groups = self._groups
@@ -107,9 +145,11 @@ class DoneMarkers:
             if len(group.keys) <= excess:
                 groups.popleft()
                 forgotten = group.keys
+                self._gone(group)
             else:
                 forgotten = group.keys[:excess]
                 del group.keys[:excess]
+                self._changed.add(group.seq)
             self._keys[group.app].difference_update(forgotten)
             self._count -= len(forgotten)
             excess -= len(forgotten)

@@ -24,8 +24,9 @@ from datetime import datetime
 from typing import Any
 
 from aldebaran.core.book_store import BookStore, RuleFailure
+from aldebaran.core.done_markers import DoneDelta
 from aldebaran.core.rule import Alert, Rule
-from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_done, encode_record
+from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_record
 
 
 @dataclass(slots=True)
@@ -43,6 +44,16 @@ class Cycle:
     kinds: Counter[type] = field(default_factory=Counter)  # events consumed per event class
     conflicts: list[tuple[str, str, str]] = field(default_factory=list)  # (app, key, event id)
     close_failures: list[RuleFailure] = field(default_factory=list)  # a rule raised closing a book
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """Done markers changed since the last compaction, at pipeline time `clock_ms`, and how
+    many of the oldest log records they make redundant (trimmed in the same transaction)."""
+
+    clock_ms: int
+    done: DoneDelta
+    trim: int
 
 
 @dataclass(slots=True)
@@ -145,10 +156,17 @@ class Engine:
         self.books.done.restore(image.groups, image.clock_ms / 1000.0)
         self.resume_at_ms = max(self.resume_at_ms, image.clock_ms)
 
-    def compaction(self) -> tuple[bytes, int]:
-        """The done-marker image to store now, and how many log records it makes redundant."""
-        image = DoneImage(self.last_stamp_ms, self.books.done.groups())
-        return encode_done(image), self.wal.trimmable(self.last_stamp_ms, self.longest_ttl_ms)
+    def compaction(self) -> Compaction:
+        """What to store now: the done markers changed since the last compaction (not all of
+        them: millions of markers rewritten every few seconds stalled the cycles), and how many
+        log records they make redundant."""
+        return Compaction(self.last_stamp_ms, self.books.done.delta(),
+                          self.wal.trimmable(self.last_stamp_ms, self.longest_ttl_ms))
+
+    def compacted(self, compaction: Compaction) -> None:
+        """`compaction` is stored: its records are trimmed, its markers need not be written again."""
+        self.wal.trimmed(compaction.trim)
+        self.books.done.written(compaction.done)
 
     @property
     def open_books(self) -> int:

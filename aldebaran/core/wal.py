@@ -16,7 +16,7 @@ ttl older than the closing clock holds only events of books that are closed by t
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -45,6 +45,7 @@ class DoneImage(msgspec.Struct, array_like=True, gc=False):
 _encoder = msgspec.msgpack.Encoder()
 _record_decoder = msgspec.msgpack.Decoder(WalRecord)
 _done_decoder = msgspec.msgpack.Decoder(DoneImage)
+_group_decoder = msgspec.msgpack.Decoder(DoneGroup)
 
 
 def encode_record(record: WalRecord) -> bytes:
@@ -61,6 +62,15 @@ def encode_done(image: DoneImage) -> bytes:
 
 def decode_done(data: bytes) -> DoneImage:
     return _done_decoder.decode(data)
+
+
+def encode_group(group: DoneGroup) -> bytes:
+    return _encoder.encode(group)
+
+
+def image_of(clock_ms: int, groups: Iterable[bytes]) -> DoneImage:
+    """The image stored group by group (one hash field each), in the order they were made."""
+    return DoneImage(clock_ms, sorted((_group_decoder.decode(data) for data in groups), key=lambda g: g.seq))
 
 
 class WalIndex:

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from aldebaran.core.wal import DoneImage, WalRecord, decode_done, decode_record
+from aldebaran.core.engine import Compaction
+from aldebaran.core.wal import DoneImage, WalRecord, decode_done, decode_record, encode_group, image_of
 from aldebaran.io.redis import Keys, Replicas, as_bytes, run_script
 
 LOAD_PAGE = 500  # log records per LRANGE while loading
@@ -48,7 +49,8 @@ class EngineStore:
         self.retention = retention_seconds
         self.replicas = replicas
         self._owner, self._wal = keys.engine("owner"), keys.engine("wal")
-        self._done, self._pending = keys.engine("done"), keys.engine("pending")
+        self._done, self._pending = keys.engine("done"), keys.engine("pending")  # `done`: the one-blob image of before
+        self._done_groups, self._done_clock = keys.engine("done-groups"), keys.engine("done-clock")
         self._last_op = keys.engine("last-op")
         self._ops = 0
         self._commit = redis.register_script(_COMMIT)
@@ -78,7 +80,7 @@ class EngineStore:
 
     async def load(self) -> tuple[DoneImage | None, list[WalRecord], dict[str, bytes]]:
         """The done-marker image, every log record in order, and the unconfirmed alerts."""
-        done = await self.redis.get(self._done)
+        done = await self._load_done()
         records: list[WalRecord] = []
         start = 0
         while True:
@@ -89,7 +91,16 @@ class EngineStore:
             start += LOAD_PAGE
         pending = await self.redis.hgetall(self._pending)
         outbox = {(k.decode() if isinstance(k, bytes) else k): as_bytes(v) for k, v in pending.items()}
-        return (decode_done(as_bytes(done)) if done else None), records, outbox
+        return done, records, outbox
+
+    async def _load_done(self) -> DoneImage | None:
+        """The done markers as stored group by group; an engine of before stored one blob."""
+        clock = await self.redis.get(self._done_clock)
+        if clock is not None:
+            groups = await self.redis.hgetall(self._done_groups)
+            return image_of(int(clock), [as_bytes(data) for data in groups.values()])
+        legacy = await self.redis.get(self._done)
+        return decode_done(as_bytes(legacy)) if legacy else None
 
     def _op(self) -> str:
         self._ops += 1
@@ -134,11 +145,17 @@ class EngineStore:
         found = await self.redis.hmget(self._pending, [self.keys.alert(a) for a in alert_ids])
         return {alert_id for alert_id, body in zip(alert_ids, found, strict=True) if body is not None}
 
-    async def compact(self, done_image: bytes, trim: int) -> None:
-        """Store the done markers and drop the `trim` oldest log records, atomically."""
+    async def compact(self, compaction: Compaction) -> None:
+        """Store the done markers that changed and drop the log records they cover, atomically."""
+        done = compaction.done
+        args: list[bytes | str | int] = [self.token, compaction.trim, self._op(), compaction.clock_ms,
+                                         "1" if done.rewrite else "0", len(done.changed)]
+        for group in done.changed:
+            args += [group.seq, encode_group(group)]
+        args += done.dropped
         try:
-            await self._compact(keys=[self._owner, self._done, self._wal, self._last_op],
-                                args=[self.token, done_image, trim, self._op()])
+            await self._compact(keys=[self._owner, self._done_groups, self._wal, self._last_op, self._done_clock,
+                                      self._done], args=args)
         except ResponseError as exc:
             raise _fenced(exc) from None
 
@@ -206,13 +223,19 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
 return settled
 """
 
-# KEYS: owner, done, wal, last-op. ARGV: token, done image, records to trim, op id (a retry trims nothing more).
+# KEYS: owner, done groups (hash: seq -> group), wal, last-op, done clock, the one-blob image of before.
+# ARGV: token, records to trim, op id (a retry trims nothing more), clock ms, rewrite ("1": replace
+# every group), n changed, then n (seq, group) pairs, then the seqs of the groups gone.
 _COMPACT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
-local tag = ARGV[4] .. '='
+local tag = ARGV[3] .. '='
 if redis.call('GET', KEYS[4]) == tag then return 1 end
-redis.call('SET', KEYS[2], ARGV[2])
-if tonumber(ARGV[3]) > 0 then redis.call('LTRIM', KEYS[3], ARGV[3], -1) end
+if ARGV[5] == '1' then redis.call('DEL', KEYS[2], KEYS[6]) end
+local n = tonumber(ARGV[6])
+for i = 7, 6 + 2 * n, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 7 + 2 * n, #ARGV do redis.call('HDEL', KEYS[2], ARGV[i]) end
+redis.call('SET', KEYS[5], ARGV[4])
+if tonumber(ARGV[2]) > 0 then redis.call('LTRIM', KEYS[3], ARGV[2], -1) end
 redis.call('SET', KEYS[4], tag)
 return 1
 """
