@@ -61,7 +61,6 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     from aldebaran.bench import table
-    from aldebaran.bench.paced import paced
     from aldebaran.bench.workload import build, prefix
     from aldebaran.trades.generator import expected_alerts
 
@@ -101,17 +100,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
         drains += table.drain_rows("low-alert, 1000-event msgpack, sustained", [sustained[0]],
                                    {sustained[0].name: sustained[1]})
         _print(drains[-1:])
-    paced_rows = []
-    if "engine" in systems and "paced" in chosen:
-        from aldebaran.bench.environment import Place
-
-        # 1000-event messages take ~10 ms to fill at 100k events/s; a publisher flushing every
-        # millisecond sends ~100-event ones. Latency is measured from the publish, so both.
-        for shape in (low, low.rebatched(100)):
-            with Place(settings) as place:
-                run = await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir)
-            paced_rows.append(table.paced_row(run))
-            _print(paced_rows[-1:])
+    paced_rows = await _paced_rows(settings, args, low, workdir) if "engine" in systems and "paced" in chosen else []
     notes += _notes(args)
     load = "/".join(f"{x:.2f}" for x in load_before) + " before, " + "/".join(f"{x:.2f}" for x in os.getloadavg())
     notes.insert(0, f"Machine: {os.cpu_count()} cores; load average (1/5/15 min) {load} after: the machine is "
@@ -123,6 +112,23 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
         Path(args.output).mkdir(parents=True, exist_ok=True)
         table.write(Path(args.output) / "benchmarks.md", text)
     return 0
+
+
+async def _paced_rows(settings: Settings, args: argparse.Namespace, low: Workload, workdir: Path) -> list[str]:
+    """The engine paced at the offered rate, in 1000-event messages and in 100-event ones (a
+    1000-event message takes ~10 ms to fill at 100k events/s; a publisher flushing every
+    millisecond sends ~100-event ones; latency is measured from the publish)."""
+    from aldebaran.bench import table
+    from aldebaran.bench.environment import Place
+    from aldebaran.bench.paced import paced
+
+    rows = []
+    for shape in (low, low.rebatched(100)):
+        with Place(settings) as place:
+            run = await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir)
+        rows.append(table.paced_row(run))
+        _print(rows[-1:])
+    return rows
 
 
 def _msgpack_prefix(workload: Workload, events: int) -> list[Body]:

@@ -148,14 +148,15 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
     full_env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning", **(env or {}))
     extra = Delivery(place, workdir, full_env) if delivery else None
     meter = CpuMeter()
-    if extra is not None:
-        await extra.start()
-    ready = ReadySocket(workdir / f"notify-{place.vhost}")
-    with open(workdir / f"engine-{place.vhost}.log", "wb") as logs:  # the engine keeps its own copy
-        worker = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
-            env=dict(extra.env if extra else full_env, NOTIFY_SOCKET=str(ready.path)), stdout=logs, stderr=logs)
+    worker: asyncio.subprocess.Process | None = None
     try:
+        if extra is not None:
+            await extra.start()
+        ready = ReadySocket(workdir / f"notify-{place.vhost}")
+        with open(workdir / f"engine-{place.vhost}.log", "wb") as logs:  # the engine keeps its own copy
+            worker = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
+                env=dict(extra.env if extra else full_env, NOTIFY_SOCKET=str(ready.path)), stdout=logs, stderr=logs)
         await ready.wait(worker)
         meter.start([worker.pid, *(extra.pids if extra else [])])
         started = time.monotonic()
@@ -175,9 +176,10 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
         elif seen:
             result.last_alert_after = max(seen) - finished
     finally:
-        await stop_process(worker)
+        if worker is not None:
+            await stop_process(worker)
         if extra is not None:
-            await extra.stop()
+            await extra.stop()  # the lookout and channels too, whatever failed on the way
         await connection.close()
     return result
 
