@@ -57,7 +57,8 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     assert "aldebaran bench --quick" in report
     rows = [line for line in report.splitlines()
             if line.startswith("| ") and any(cell.strip().startswith("engine") for cell in line.split("|")[1:3])]
-    assert len(rows) == 4, report  # three drains and the paced run
+    assert len(rows) == 5, report  # three drains and the paced runs (1000- and 100-event messages)
+    assert "in 1000-event messages" in rows[3] and "in 100-event messages" in rows[4], rows[3:]
     for row in rows[:3]:  # correctness, not speed: every alert once, none wrong
         ok, wrong, missing, dup = (cell.strip() for cell in row.split("|")[7].split("/"))
         assert (wrong, missing, dup) == ("0", "0", "0") and int(ok.replace(",", "")) > 0, row
