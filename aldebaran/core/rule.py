@@ -6,6 +6,7 @@ core owns everything else (queues, dedup by event id, book lifetimes, crash reco
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
@@ -64,8 +65,10 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+@functools.lru_cache(maxsize=8)
 def iso_utc(moment: datetime) -> str:
-    """ISO 8601 with a Z suffix and millisecond precision."""
+    """ISO 8601 with a Z suffix and millisecond precision. Cached: every alert of an engine
+    cycle carries the cycle's `now` (strftime per alert was 6 % of an alert-heavy engine)."""
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
