@@ -89,7 +89,9 @@ def element_maps(text: Column) -> Column:
 def canonical(m: Column) -> Column:
     """The element's map with the codec's key matching (`# Shares` = `#shares`); a map whose
     keys are already the JSON names (nearly all) is used as it is, without a lambda."""
-    plain = F.size(F.array_except(F.map_keys(m), F.array(*[F.lit(k) for k in JSON_KEYS]))) == 0
+    # Keys are unique: all of them are JSON names iff as many JSON names are present as keys.
+    present = sum((F.map_contains_key(m, F.lit(k)).cast("int") for k in JSON_KEYS), F.lit(0))
+    plain = F.size(m) == present
     return F.when(plain, m).otherwise(F.transform_keys(m, lambda k, v: _json_key(_norm(k))))
 
 
