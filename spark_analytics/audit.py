@@ -128,8 +128,10 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     gaps = gaps_mod.unaudited_windows(inp.slim, inp.vhosts, opts.since_ms, opts.until_ms)
     step("applying CONTRACT §1 per order")
     msgpack = any(c["msgpack_messages"] for c in inp.counts.values())
-    books = meaning.books(records.trade_events(inp.slim, msgpack), int(opts.book_ttl_s * 1000))
-    books = books.persist(StorageLevel.MEMORY_AND_DISK)
+    walked = meaning.books_and_junk(records.elements(inp.slim, msgpack), int(opts.book_ttl_s * 1000))
+    walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
+    books = walked.where(F.col("order_id").isNotNull())
+    stats.add_element_junk(inp.counts, walked.where(F.col("order_id").isNull()))  # the action that walks
     pubs = records.alert_publishes(inp.slim)
     pub_stats = pubs.groupBy("vhost", "alert_id").agg(
         F.count("*").alias("publishes"), F.min("ts").alias("first_publish_ts"),

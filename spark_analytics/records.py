@@ -1,16 +1,16 @@
 """One pass over the raw trace lines: each record reduced to what the audit judges.
 
-The raw lines (base64 bodies, firehose headers) are parsed once; every later step reads
-this compact frame, which the audit keeps cached. A trade message becomes one row per
-element (a 1000-event batch, 1000 rows), every other record one row. Columns:
+The raw lines (base64 bodies, firehose headers) are parsed once into a compact frame of one
+row per record, which the audit keeps cached; every later step reads it. A trade message
+keeps its body as text (`text`, when readable) and is split into its elements only once,
+by `elements`, on the way into the per-order pass (`meaning.books`): a 1000-event batch is
+one cached row, not 1000. Columns:
 
 - `vhost` (the deployment: the record's field, else the firehose header; heartbeats and
   gaps without one belong to every deployment), `kind` (trade | alert | delivery |
   heartbeat | gap | corrupt | publish | deliver), `ts`, gap fields;
-- trade elements: `idx` (position in the message; null when the body held none),
-  `valid`, `etype`, `event_id`, `order_id`, `shares`; per message (on its first row):
-  `packed` (msgpack bodies, decoded later by an Arrow UDF), `oversize`, `not_utf8`,
-  `not_base64`;
+- trade messages: `text` (UTF-8 JSON or text form, within the size limit), `packed`
+  (msgpack bodies, decoded later by an Arrow UDF), `oversize`, `not_utf8`, `not_base64`;
 - alert publishes and channel deliveries: `alerts` (one, or a batch: the lookout hands
   channels batches too); deliveries also `channel`, `redelivered`;
 - `fp1`, `fp2`, `trace_redelivered`: to drop alert/delivery copies re-recorded after a
@@ -26,13 +26,11 @@ from pyspark.sql import functions as F
 from spark_analytics import traces, wire
 
 NO_VHOST = "(not recorded)"  # traces written before records carried their vhost
-RECORD = ["vhost", "kind", "ts", "start", "end", "interval", "reason", "packed", "oversize", "not_utf8",
-          "not_base64", "alerts", "alert_unreadable", "channel", "redelivered", "trace_redelivered",
-          "fp1", "fp2"]
+ELEMENT = ["vhost", "ts", "idx", "valid", "etype", "event_id", "order_id", "shares"]
 
 
 def _records(raw_df: DataFrame, max_bytes: int) -> DataFrame:
-    """Per record: its kind and deployment, trade bodies parsed to element maps (`maps`)."""
+    """Per record: its kind and deployment, readable trade bodies as text (`text`)."""
     df = traces.fingerprint(raw_df)
     kind, exchange, queue, message_id = F.col("kind"), F.col("exchange"), F.col("queue"), F.col("message_id")
     corrupt = F.col(traces.CORRUPT).isNotNull()
@@ -60,7 +58,7 @@ def _records(raw_df: DataFrame, max_bytes: int) -> DataFrame:
     readable = trade & size_ok & ~is_msgpack
     return df.select(
         "vhost", "kind", "ts", "start", "end", "interval", "reason",
-        F.when(readable, wire.element_maps(F.col("text"))).alias("maps"),
+        F.when(readable, F.col("text")).alias("text"),
         F.when(trade & size_ok & is_msgpack, F.col("raw")).alias("packed"),
         F.when(trade, ~size_ok & F.col("raw").isNotNull()).alias("oversize"),
         F.when(trade, readable & F.col("text").isNull()).alias("not_utf8"),
@@ -74,33 +72,34 @@ def _records(raw_df: DataFrame, max_bytes: int) -> DataFrame:
         "fp1", "fp2")
 
 
-def _elements(df: DataFrame, keep: list[str]) -> DataFrame:
+def _elements(df: DataFrame) -> DataFrame:
     """One row per element of `maps` (and one with idx null when there is none), validated."""
-    exploded = df.select(*keep, F.posexplode_outer("maps").alias("idx", "m"))
-    canonical = exploded.select(*keep, "idx", wire.canonical(F.col("m")).alias("m"))
-    return canonical.select(*keep, "idx", *wire.element_fields(F.col("m")))
+    exploded = df.select("vhost", "ts", F.posexplode_outer("maps").alias("idx", "m"))
+    canonical = exploded.select("vhost", "ts", "idx", wire.canonical(F.col("m")).alias("m"))
+    return canonical.select("vhost", "ts", "idx", *wire.element_fields(F.col("m")))
 
 
 def decode(raw_df: DataFrame, max_message_bytes: int = 1 << 20) -> DataFrame:
     """The compact frame described in the module docstring."""
-    return _elements(_records(raw_df, max_message_bytes), RECORD)
+    return _records(raw_df, max_message_bytes)
 
 
-def msgpack_elements(slim: DataFrame) -> DataFrame:
-    """Elements of msgpack bodies (an Arrow-backed UDF on those rows only): vhost, ts, idx, valid, ..."""
-    packed = slim.where(F.col("packed").isNotNull()).select("vhost", "ts", wire.msgpack_as_json("packed").alias("j"))
+def msgpack_elements(msgs: DataFrame) -> DataFrame:
+    """Elements of msgpack bodies (an Arrow-backed UDF on those rows only): ELEMENT columns."""
+    packed = msgs.where(F.col("packed").isNotNull()).select("vhost", "ts", wire.msgpack_as_json("packed").alias("j"))
     maps = packed.select("vhost", "ts", F.when(F.col("j").isNotNull(), wire.element_maps(F.col("j"))).alias("maps"))
-    return _elements(maps, ["vhost", "ts"])
+    return _elements(maps)
 
 
-def trade_events(slim: DataFrame, msgpack: bool = True) -> DataFrame:
-    """Every valid trade event: vhost, etype, event_id, order_id, shares, ts, idx (with the
-    msgpack bodies' unless `msgpack` is False: the traces hold none)."""
-    cols = ["vhost", "etype", "event_id", "order_id", "shares", "ts", "idx"]
-    plain = slim.where((F.col("kind") == "trade") & F.col("valid")).select(*cols)
+def elements(msgs: DataFrame, msgpack: bool = True) -> DataFrame:
+    """Every element of every readable trade message (ELEMENT columns; with the msgpack
+    bodies' unless `msgpack` is False: the traces hold none). A message with no element at
+    all (not JSON nor the text form, truncated, empty) is one row with `idx` null."""
+    texts = msgs.where((F.col("kind") == "trade") & F.col("text").isNotNull())
+    plain = _elements(texts.select("vhost", "ts", wire.element_maps(F.col("text")).alias("maps")))
     if not msgpack:
         return plain
-    return plain.unionByName(msgpack_elements(slim).where(F.col("valid")).select(*cols))
+    return plain.unionByName(msgpack_elements(msgs))
 
 
 def alert_publishes(slim: DataFrame) -> DataFrame:

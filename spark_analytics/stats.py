@@ -45,35 +45,30 @@ def empty_counts() -> dict[str, int]:
     return {name: 0 for name in RECORD_COUNTS}
 
 
-def record_counts(slim: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
+def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     """Per vhost: records of each kind, junk, the last trace time (`last_ts`, counting the
-    heartbeats every deployment shares); and the number of corrupt lines."""
-    kind, idx = F.col("kind"), F.col("idx")
+    heartbeats every deployment shares); and the number of corrupt lines. What only a
+    message's elements tell (`trade_unreadable` of readable bodies, `trade_elements_rejected`)
+    the per-order pass counts: `add_element_junk`."""
+    kind = F.col("kind")
     trade, alert, delivery = kind == "trade", kind == "alert", kind == "delivery"
-    message = trade & (idx.isNull() | (idx == 0))  # a trade message's first (or only) row
     aggs = {
-        "trace_records": _sum(kind.isin("alert", "delivery", "publish", "deliver") | message),
-        "trade_messages": _sum(message), "alert_messages": _sum(alert),
+        "trace_records": _sum(kind.isin("trade", "alert", "delivery", "publish", "deliver")),
+        "trade_messages": _sum(trade), "alert_messages": _sum(alert),
         "msgpack_messages": _sum(F.col("packed").isNotNull()),
         "channel_deliveries": F.sum(F.when(delivery, _size(F.col("alerts"))).otherwise(0)),
         "channel_redeliveries": F.sum(F.when(delivery & F.col("redelivered"), _size(F.col("alerts"))).otherwise(0)),
-        "trace_rerecorded": _sum(F.coalesce(F.col("trace_redelivered"), F.lit(False)) & ~(trade & (idx > 0))),
+        "trace_rerecorded": _sum(F.coalesce(F.col("trace_redelivered"), F.lit(False))),
         "trade_not_base64": _sum(trade & F.col("not_base64")),
         "trade_not_utf8": _sum(trade & F.col("not_utf8")),
         "trade_oversize": _sum(trade & F.col("oversize")),
-        "trade_unreadable": _sum(trade & idx.isNull() & F.col("packed").isNull()),
-        "trade_elements_rejected": _sum(trade & idx.isNotNull() & ~F.col("valid")),
+        "trade_unreadable": _sum(trade & F.col("text").isNull() & F.col("packed").isNull()),
         "alert_unreadable": _sum(alert & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
         "delivery_unreadable": _sum(delivery & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
         "last_ts": F.max(F.when(kind != "corrupt", F.col("ts"))),
         "corrupt": _sum(kind == "corrupt"),
     }
-    rows = slim.groupBy("vhost").agg(*[agg.alias(name) for name, agg in aggs.items()]).collect()
-    packed = {}
-    if any(r["msgpack_messages"] for r in rows):  # the Arrow UDF's Python workers start only when needed
-        packed = {r["vhost"]: r for r in records.msgpack_elements(slim).groupBy("vhost").agg(
-            _sum(idx.isNull()).alias("unreadable"),
-            _sum(idx.isNotNull() & ~F.col("valid")).alias("rejected")).collect()}
+    rows = msgs.groupBy("vhost").agg(*[agg.alias(name) for name, agg in aggs.items()]).collect()
     out: dict[str, dict[str, int]] = {}
     corrupt = shared_last = 0
     for r in rows:
@@ -81,14 +76,20 @@ def record_counts(slim: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
         if r["vhost"] is None:  # unreadable lines, and heartbeats/gaps of every deployment
             shared_last = int(r["last_ts"] or 0)
             continue
-        c = {name: int(r[name] or 0) for name in aggs if name != "corrupt"}
-        if (p := packed.get(r["vhost"])) is not None:
-            c["trade_unreadable"] += int(p["unreadable"] or 0)
-            c["trade_elements_rejected"] += int(p["rejected"] or 0)
-        out[r["vhost"]] = c
+        out[r["vhost"]] = {name: int(r[name] or 0) for name in aggs if name != "corrupt"}
+        out[r["vhost"]]["trade_elements_rejected"] = 0
     for c in out.values():
         c["last_ts"] = max(c["last_ts"], shared_last)
     return out, corrupt
+
+
+def add_element_junk(counts: dict[str, dict[str, int]], junk: DataFrame) -> None:
+    """Trade messages with no element and rejected elements, as the per-order pass counted them
+    (`junk`: vhost, unreadable, rejected; `meaning.books_and_junk`)."""
+    for r in junk.groupBy("vhost").agg(F.sum("unreadable").alias("u"), F.sum("rejected").alias("r")).collect():
+        c = counts.setdefault(r["vhost"], empty_counts())
+        c["trade_unreadable"] += int(r["u"] or 0)
+        c["trade_elements_rejected"] += int(r["r"] or 0)
 
 
 def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataFrame, per_order: DataFrame,

@@ -57,8 +57,9 @@ def _let(value: Column, body: Callable[[Column], Column]) -> Column:
 
 
 def _text_form(text: Column) -> Column:
-    """`key: value` lines as one map (JSON key names), or null when a line has no ':' or a
-    key is unknown/repeated."""
+    """`key: value` lines as one map (keys normalised: `canonical` names them as JSON does), or
+    null when a line has no ':' or a key is unknown/repeated. Two lambdas per line; the checks
+    are array functions on the pairs' fields (no lambda per line for them)."""
     lines = F.filter(F.split(text, r"\r?\n"), lambda line: F.trim(line) != "")
     pairs = F.transform(lines, lambda line: F.struct(
         _norm(F.substring_index(line, ":", 1)).alias("k"),
@@ -66,10 +67,11 @@ def _text_form(text: Column) -> Column:
         F.instr(line, ":").alias("colon")))
 
     def judged(ps: Column) -> Column:
-        ok = ((F.size(ps) > 0)
-              & F.forall(ps, lambda p: (p["colon"] > 0) & p["k"].isin(*NORMAL_KEYS))
-              & (F.size(F.array_distinct(F.transform(ps, lambda p: p["k"]))) == F.size(ps)))
-        return F.when(ok, F.array(F.map_from_entries(F.transform(ps, lambda p: F.struct(_json_key(p["k"]), p["v"])))))
+        keys = ps["k"]
+        ok = ((F.size(ps) > 0) & (F.array_min(ps["colon"]) > 0)
+              & (F.size(F.array_except(keys, F.array(*[F.lit(k) for k in NORMAL_KEYS]))) == 0)
+              & (F.size(F.array_distinct(keys)) == F.size(ps)))
+        return F.when(ok, F.array(F.map_from_arrays(keys, ps["v"])))
     return _let(pairs, judged)
 
 
@@ -89,7 +91,9 @@ def element_maps(text: Column) -> Column:
 def canonical(m: Column) -> Column:
     """The element's map with the codec's key matching (`# Shares` = `#shares`); a map whose
     keys are already the JSON names (nearly all) is used as it is, without a lambda."""
-    plain = F.size(F.array_except(F.map_keys(m), F.array(*[F.lit(k) for k in JSON_KEYS]))) == 0
+    # Keys are unique: all of them are JSON names iff as many JSON names are present as keys.
+    present = sum((F.map_contains_key(m, F.lit(k)).cast("int") for k in JSON_KEYS), F.lit(0))
+    plain = F.size(m) == present
     return F.when(plain, m).otherwise(F.transform_keys(m, lambda k, v: _json_key(_norm(k))))
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A private Spark standalone cluster (one master, one worker) from the venv's pyspark.
+"""A private Spark standalone cluster (one master, one or more workers) from the venv's pyspark.
 
-    .venv/bin/python deploy/testbed/spark_standalone.py start [--cores 2] [--memory 2g]
+    .venv/bin/python deploy/testbed/spark_standalone.py start [--workers 1] [--cores 2] [--memory 2g]
     .venv/bin/python deploy/testbed/spark_standalone.py check    # a tiny job through the master
     aldebaran audit --traces DIR --master spark://127.0.0.1:7077
     .venv/bin/python deploy/testbed/spark_standalone.py stop
@@ -10,7 +10,8 @@ Why: the audit's `--master` is a plain Spark master URL, so the same command tha
 local mode runs on a cluster. This starts the standalone master and worker the pyspark
 wheel ships (`spark-class org.apache.spark.deploy.master.Master` / `...worker.Worker`),
 bound to 127.0.0.1 (SPARK_LOCAL_IP, --host), web UIs on free ports, logs and work dirs
-under one root; `stop` ends the two JVMs by their pids (never by name) and deletes it.
+under one root; `--workers N` starts N workers of `--cores` cores each; `stop` ends the
+JVMs by their pids (never by name) and deletes it.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def start(port: int, cores: int, memory: str, timeout: float = 120) -> dict[str, object]:
+def start(port: int, cores: int, memory: str, timeout: float = 120, workers: int = 1) -> dict[str, object]:
     if (ROOT / "state.json").exists():
         raise SystemExit(f"a Spark test bed already lives under {ROOT}: stop it first")
     if _open(port):
@@ -83,11 +84,15 @@ def start(port: int, cores: int, memory: str, timeout: float = 120) -> dict[str,
                                      "--port", str(port), "--webui-port", str(state["master_ui"]))
         (ROOT / "state.json").write_text(json.dumps(state))
         _wait(lambda: _open(port), timeout, "master")
-        state["worker_pid"] = _spawn("worker", "org.apache.spark.deploy.worker.Worker", str(state["master_url"]),
-                                     "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                                     "--webui-port", str(state["worker_ui"]), "--work-dir", str(ROOT / "work"))
-        (ROOT / "state.json").write_text(json.dumps(state))
-        _wait(lambda: "Successfully registered with master" in _read("worker.out"), timeout, "worker")
+        for n in range(workers):
+            name = "worker" if n == 0 else f"worker{n + 1}"
+            ui = state["worker_ui"] if n == 0 else _free_port()
+            state[f"{name}_pid"] = _spawn(name, "org.apache.spark.deploy.worker.Worker", str(state["master_url"]),
+                                          "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
+                                          "--webui-port", str(ui), "--work-dir", str(ROOT / "work"))
+            (ROOT / "state.json").write_text(json.dumps(state))
+            _wait(lambda name=name: "Successfully registered with master" in _read(f"{name}.out"),
+                  timeout, name)
     except BaseException:
         stop()
         raise
@@ -110,7 +115,7 @@ def _wait(ready, timeout: float, what: str) -> None:  # type: ignore[no-untyped-
 
 def stop() -> None:
     state = json.loads(_read("state.json") or "{}")
-    for key in ("worker_pid", "master_pid"):
+    for key in [k for k in state if k.startswith("worker") and k.endswith("_pid")] + ["master_pid"]:
         pid = state.get(key)
         if not pid or not _alive(int(pid)):
             continue
@@ -147,6 +152,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     st = sub.add_parser("start")
     st.add_argument("--port", type=int, default=7077)
+    st.add_argument("--workers", type=int, default=1, help="workers to start (each with --cores and --memory)")
     st.add_argument("--cores", type=int, default=2)
     st.add_argument("--memory", default="2g")
     sub.add_parser("stop")
@@ -154,15 +160,15 @@ def main() -> int:
     sub.add_parser("check")
     args = parser.parse_args()
     if args.command == "start":
-        state = start(args.port, args.cores, args.memory)
-        print(f"Spark standalone master {state['master_url']} (UI :{state['master_ui']}), worker registered "
-              f"(UI :{state['worker_ui']}); logs under {ROOT}")
+        state = start(args.port, args.cores, args.memory, workers=args.workers)
+        print(f"Spark standalone master {state['master_url']} (UI :{state['master_ui']}), {args.workers} worker(s) "
+              f"registered (first UI :{state['worker_ui']}); logs under {ROOT}")
     elif args.command == "stop":
         stop()
         print("Spark test bed stopped and removed")
     elif args.command == "status":
         state = json.loads(_read("state.json") or "{}")
-        for key in ("master_pid", "worker_pid"):
+        for key in [k for k in state if k.endswith("_pid")]:
             pid = state.get(key)
             print(f"{key}: {pid} {'running' if pid and _alive(int(pid)) else 'stopped'}")
         print(state.get("master_url", "no test bed"))
