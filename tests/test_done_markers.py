@@ -113,3 +113,19 @@ def test_what_compactions_store_is_always_the_whole_store(ops, cap) -> None:
     again.restore(store.groups(), 0.0)
     store, stored = again, {seq: value for seq, value in stored.items()}
     compact()  # a restored store rewrites the stored copy: its groups have new seqs
+
+
+def test_steady_closing_makes_a_group_a_second_and_honours_the_retention() -> None:
+    """Books closing every 100 ms for a minute, kept 5 s: groups span a second each, and what
+    is older than the retention (plus one group span) is forgotten while closing goes on."""
+    store, delta = DoneMarkers(10**6), None
+    for tick in range(600):
+        now = tick / 10
+        store.add("x", [f"k{tick}"], now + 5.0)
+        store.expire(now)
+        if tick % 50 == 0:
+            delta = store.delta()
+            store.written(delta)
+    assert all(g.expires_at - float(g.keys[0][1:]) / 10 - 5.0 < GROUP_SECONDS for g in store.groups())
+    assert ("x", "k500") not in store and ("x", "k550") in store and len(store) <= 60
+    assert delta is not None and len(store.delta().changed) <= 6  # 5 s of groups, not every marker

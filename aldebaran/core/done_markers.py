@@ -35,7 +35,7 @@ class DoneDelta(msgspec.Struct, gc=False):
     changed: list[DoneGroup]
     dropped: list[int]
 
-# Keys closed within this many seconds of each other share a group (expiring up to this late).
+# Keys closed within this many seconds of their group's first key share it (expiring up to this late).
 GROUP_SECONDS = 1.0
 
 
@@ -54,6 +54,7 @@ class DoneMarkers:
         self._changed: set[int] = set()
         self._dropped: set[int] = set()
         self._rewrite = True  # nothing stored by this process yet
+        self._last_start = 0.0  # the first expiry of the newest group
 
     def __len__(self) -> int:
         return self._count
@@ -75,13 +76,16 @@ class DoneMarkers:
             return
         self.of(app).update(keys)
         last = self._groups[-1] if self._groups else None
-        if last is not None and last.app == app and expires_at - last.expires_at < GROUP_SECONDS \
+        # Measured from the group's first expiry, not its latest: under steady closing a group
+        # compared with its latest would grow forever and never expire (nor stop being rewritten).
+        if last is not None and last.app == app and expires_at - self._last_start < GROUP_SECONDS \
                 and last.expires_at <= expires_at:
             last.keys.extend(keys)
             last.expires_at = expires_at
             self._changed.add(last.seq)
         else:
             self._seq += 1
+            self._last_start = expires_at
             self._groups.append(DoneGroup(app, expires_at, list(keys), self._seq))
             self._changed.add(self._seq)
         self._count += len(keys)
