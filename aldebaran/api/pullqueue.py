@@ -68,7 +68,6 @@ class PullQueue:
         self._dedup_ttl = dedup_ttl_seconds
         self._clock = clock
         self._replicas = replicas  # an enqueue is on this many replicas before `send` returns
-        self._send = _script(redis, "send.lua")
         self._send_many = _script(redis, "send_many.lua")
         self._receive = _script(redis, "receive.lua")
         self._rescue = _script(redis, "rescue.lua")
@@ -76,9 +75,8 @@ class PullQueue:
 
     async def send(self, message: str, dedup_id: str | None = None) -> tuple[str, bool]:
         """Enqueue; returns (key, created). With `dedup_id`, a repeat returns the first key."""
-        keys, args = self._send_call(message, dedup_id)
-        created, actual = await run_script(self._redis, self._send, keys, args, self._replicas)
-        return _text(actual), bool(created)
+        [(key, created)] = await self.send_many([(message, dedup_id)])
+        return key, created
 
     async def send_many(self, messages: Sequence[tuple[str, str | None]]) -> list[tuple[str, bool]]:
         """`send` for many (message, dedup id) pairs in one script call, each enqueue as `send`'s."""
@@ -92,14 +90,6 @@ class PullQueue:
                      "1" if dedup_id is not None else "0"]
         replies = await run_script(self._redis, self._send_many, keys, args, self._replicas)
         return [(_text(replies[i + 1]), bool(replies[i])) for i in range(0, len(replies), 2)]
-
-    def _send_call(self, message: str, dedup_id: str | None) -> tuple[list[str], list[str | int]]:
-        """The send script's keys and arguments for one message."""
-        keys = [self._ready, self._bodies, self._retries]
-        if dedup_id is not None:
-            keys.append(f"{self._root}:sent:{dedup_id}")
-        body = json.dumps({"timestamp": self._clock(), "message": message})
-        return keys, [str(uuid.uuid4()), body, self._dedup_ttl]
 
     async def receive(self, count: int = 1) -> list[Received]:
         """Check out up to `count` messages for one visibility window (oldest first)."""

@@ -1,5 +1,6 @@
--- Enqueue many messages in one step; each is `send.lua` on its own (a repeat of a dedup id
--- enqueues nothing and answers the first key).
+-- Enqueue messages in one step, each all or nothing: body + retry count + ready list, and
+-- (optionally) the sender's idempotency record; a repeat of a dedup id enqueues nothing and
+-- answers the first key.
 -- KEYS: ready, bodies, retries, then per message its dedup record (any key when it has none)
 -- ARGV: dedup_ttl_seconds, then per message: key, body, "1" when it has a dedup record
 -- Returns per message: created (1/0), key
