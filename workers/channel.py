@@ -1,9 +1,9 @@
 """The Channel Boy: delivers one channel's queue to its recipients, with the channel's guarantee.
 
 The lookout hands the queue `Aldebaran.Channel.<name>` one message per batch of alerts (or
-one alert per message); the deliverer takes whole messages, about `BATCH` alerts a round,
-and handles each alert on its own (`workers/channel_items.py`), `max_in_flight` sends at a
-time, per recipient of the channel:
+one alert per message); the deliverer takes whole messages, about half its send window of
+alerts a round, several rounds overlapping, and handles each alert on its own
+(`workers/channel_items.py`), `max_in_flight` sends at a time, per recipient of the channel:
 1. **claim** them in the channel's ledger, one Redis call per round
    (`aldebaran/channels/ledger.py`): repeats are acked; alerts already in doubt stay with
    the operator; an **at-most-once** channel records each attempt here, before its send;
@@ -46,7 +46,7 @@ from declare.topology import channel_dead_letter, channel_queue, durable_argumen
 from workers.channel_items import Envelope, Item, Unreadable, read
 from workers.runtime import Lifecycle
 
-BATCH = 1024
+ROUNDS_IN_FLIGHT = 4  # rounds under way at once; the send window (`max_in_flight`) bounds their sends
 REDIS_PAUSE_SECONDS = 1.0
 INTERRUPTED = "an earlier attempt was interrupted (its deliverer stopped or crashed mid-send)"
 
@@ -73,6 +73,7 @@ class ChannelWorker:
         self._delivered: list[aio_pika.abc.AbstractIncomingMessage] = []
         self._arrived = asyncio.Event()
         self._retrying: set[asyncio.Task[None]] = set()
+        self._holding: dict[str, asyncio.Future[None]] = {}  # alert id -> the round sending its first copy
 
     async def run(self, life: Lifecycle) -> None:
         self._stopping = life.stopping
@@ -120,43 +121,82 @@ class ChannelWorker:
         return queue
 
     async def _drain(self, drained: asyncio.Event) -> None:
-        """Rounds of what was delivered, one after the other, until stopping with nothing left."""
+        """Rounds of what was delivered, overlapping, until stopping with nothing left.
+
+        A round takes whole messages, about half the send window of alerts, and runs as a task
+        of its own: the next round claims and sends while the one before waits for its answers
+        (a barrier per round left the window idle for most of each round trip). Copies of an
+        alert that a round still holds wait for it (`_holding`), as copies within one round do.
+        """
+        rounds: set[asyncio.Task[None]] = set()
+        depth = asyncio.Semaphore(ROUNDS_IN_FLIGHT)
+        step = max(1, self.config.in_flight // 2)
         while True:
             if not self._delivered:
                 if drained.is_set():
-                    return
+                    break
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
+            await depth.acquire()
             envelopes: list[Envelope] = []
             items: list[Item] = []
             unreadable: list[Unreadable] = []
-            while self._delivered and len(items) < BATCH:  # whole messages, about BATCH alerts
+            while self._delivered and len(items) < step:  # whole messages, about `step` alerts
                 envelope, alerts, bad = read(self._delivered.pop(0))
                 envelopes.append(envelope)
                 items += alerts
                 unreadable += bad
-            try:
-                await self._round(envelopes, items, unreadable)
-            except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: what is unsettled comes back
-                self._log.warning("delivery round failed, requeueing", count=len(envelopes), error=str(exc))
-                await asyncio.sleep(REDIS_PAUSE_SECONDS)
-                for envelope in envelopes:
-                    if not (envelope.settled or envelope.handed):
-                        with suppress(Exception):
-                            await envelope.message.nack(requeue=True)
+            held = asyncio.get_running_loop().create_future()
+            firsts, later = self._split(items, held)
+            task = asyncio.create_task(self._guarded_round(envelopes, firsts, later, unreadable, held))
+            rounds.add(task)
+            task.add_done_callback(rounds.discard)
+            task.add_done_callback(lambda _: depth.release())
+        if rounds:
+            await asyncio.wait(set(rounds))
 
-    async def _round(self, envelopes: list[Envelope], items: list[Item], unreadable: list[Unreadable]) -> None:
+    def _split(self, items: list[Item], held: asyncio.Future[None]) -> tuple[dict[str, Item], list[Item]]:
+        """A round's first copy of each alert no one else holds (now held by this round until
+        `held` is done), and the rest: copies, or alerts another round or a retry holds."""
+        firsts: dict[str, Item] = {}
+        later: list[Item] = []
+        for item in items:
+            alert_id = item.alert.alert_id
+            if alert_id in firsts or alert_id in self._holding or self._per_alert.busy(alert_id):
+                later.append(item)
+            else:
+                firsts[alert_id] = item
+                self._holding[alert_id] = held
+        return firsts, later
+
+    async def _guarded_round(self, envelopes: list[Envelope], firsts: dict[str, Item], later: list[Item],
+                             unreadable: list[Unreadable], held: asyncio.Future[None]) -> None:
+        """One round; on Redis or broker trouble what it left unsettled goes back to the queue."""
+        try:
+            await self._round(envelopes, firsts, later, unreadable, held)
+        except Exception as exc:  # noqa: BLE001 - Redis or broker trouble: what is unsettled comes back
+            self._log.warning("delivery round failed, requeueing", count=len(envelopes), error=str(exc))
+            self._release(firsts, held)
+            await asyncio.sleep(REDIS_PAUSE_SECONDS)
+            for envelope in envelopes:
+                if not (envelope.settled or envelope.handed):
+                    with suppress(Exception):
+                        await envelope.message.nack(requeue=True)
+
+    def _release(self, firsts: dict[str, Item], held: asyncio.Future[None]) -> None:
+        """The round no longer holds its alerts: copies waiting for them go on."""
+        for alert_id in firsts:
+            if self._holding.get(alert_id) is held:
+                del self._holding[alert_id]
+        if not held.done():
+            held.set_result(None)
+
+    async def _round(self, envelopes: list[Envelope], firsts: dict[str, Item], later: list[Item],
+                     unreadable: list[Unreadable], held: asyncio.Future[None]) -> None:
         """First attempts for a round: claim, send, settle per recipient; then settle, park or retry each."""
         for bad in unreadable:
             await self._park(bad.body, bad.reason, bad.message_id, attempts=0)
-        firsts: dict[str, Item] = {}
-        later: list[Item] = []  # a second copy in the round, or an alert a retry task holds
-        for item in items:
-            if item.alert.alert_id in firsts or self._per_alert.busy(item.alert.alert_id):
-                later.append(item)
-            else:
-                firsts[item.alert.alert_id] = item
         # Chunks of half the window: one chunk's claim and send overlap the other's wait for
         # answers, and never more than `max_in_flight` sends are under way.
         step = max(1, self.config.in_flight // 2)
@@ -167,13 +207,15 @@ class ChannelWorker:
             for outcome in outcomes:  # every chunk has finished: the caller may requeue what is unsettled
                 if isinstance(outcome, BaseException):
                     raise outcome
+        retries = [item for item in firsts.values() if item.retry and not item.failed]
+        for item in retries:
+            self._spawn_retry(item)  # reserved before the round lets go: copies queue behind it
+        self._release(firsts, held)
         for item in firsts.values():
-            if item.retry and not item.failed:
-                self._spawn_retry(item)
-            else:
+            if not (item.retry and not item.failed):
                 await self._done(item)
         for item in later:
-            self._spawn_retry(item)
+            self._spawn_retry(item, after=self._holding.get(item.alert.alert_id))
         for envelope in envelopes:
             if not envelope.pending and not envelope.settled:  # nothing readable in it
                 await self._settle(envelope)
@@ -240,16 +282,20 @@ class ChannelWorker:
             self._log.warning("delivery in doubt: not sent again; settle it with `aldebaran delivery`",
                               alert_id=alert_id, target=target or None, reason=reason)
 
-    def _spawn_retry(self, item: Item) -> None:
-        """The item's remaining attempts in a task of its own, holding its alert's lock."""
+    def _spawn_retry(self, item: Item, after: asyncio.Future[None] | None = None) -> None:
+        """The item's remaining attempts in a task of its own, holding its alert's lock (once the
+        round that holds the alert, `after`, let go of it)."""
         hold = self._per_alert.reserve(item.alert.alert_id)
         item.envelope.handed = True  # its retry tasks settle it, whatever happens to this round
-        task = asyncio.create_task(self._retry(item, hold))
+        task = asyncio.create_task(self._retry(item, hold, after))
         self._retrying.add(task)
         task.add_done_callback(self._retrying.discard)
 
-    async def _retry(self, item: Item, hold: AbstractAsyncContextManager[None]) -> None:
+    async def _retry(self, item: Item, hold: AbstractAsyncContextManager[None],
+                     after: asyncio.Future[None] | None) -> None:
         try:
+            if after is not None:
+                await asyncio.shield(after)
             async with hold:
                 targets = item.retry or list(self._sink.targets)  # a later copy re-claims every recipient
                 item.retry = []
