@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from aldebaran.api.pullqueue import PullQueue
 from aldebaran.channels.base import Alert, RetryPolicy
+from aldebaran.channels.ledger import ledger_key
 from aldebaran.channels.email import message_id
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import client as redis_client
@@ -321,11 +322,13 @@ async def test_queue_api_channel_lands_the_alert_once_in_the_pull_queue(settings
     s = with_channels(settings, {"name": "pull", "kind": "queue-api", "queue": "downstream"})
     keys = Keys(s.redis_key_prefix)
     client = redis_client(s)
-    queue = PullQueue(client, keys, "downstream", checkout_lifetime_seconds=60, max_receive_count=5)
+    # The channel's enqueue is keyed by the alert id, its record is the channel's ledger record.
+    queue = PullQueue(client, keys, "downstream", checkout_lifetime_seconds=60, max_receive_count=5,
+                      dedup_key=lambda alert_id: ledger_key(keys, "pull", alert_id))
     try:
         await deliver_one(s, "pull", make_alert("q1"),
                           lambda: delivered_key_exists(s, "pull", "over_purchase:q1"), times=3)
-        # Even a send behind the ledger's back (the crash window) is absorbed by the queue itself.
+        # A fourth copy sent straight to the queue (as a deliverer's retry would) enqueues nothing.
         key, created = await queue.send(json.dumps(make_alert("q1")), dedup_id="over_purchase:q1")
         assert not created
         [received] = await queue.receive(10)

@@ -60,6 +60,8 @@ class ChannelWorker:
         self.at_most_once = self.config.guarantee == "at-most-once"
         self._settings = settings
         self._sink = sink or build_sink(self.config, settings)
+        # A sink whose keyed send writes the ledger record itself (queue-api): no claim, no settle.
+        self._records_delivery = bool(getattr(self._sink, "records_delivery", False))
         self._policy = RetryPolicy(self.config.max_attempts, self.config.backoff_initial_seconds,
                                    self.config.backoff_max_seconds)
         self._log = get_logger("channel", channel=channel_name)
@@ -228,7 +230,8 @@ class ChannelWorker:
                 await self._slots.acquire()
         try:
             ids = [(item.alert.alert_id, target) for item in chunk]
-            claims = await self._ledger.claim(ids, record_attempt=self.at_most_once)
+            claims = ([Claim.NEW] * len(chunk) if self._records_delivery  # a repeat is a no-op there
+                      else await self._ledger.claim(ids, record_attempt=self.at_most_once))
             sending = [item for item, claim in zip(chunk, claims, strict=True) if claim is Claim.NEW]
             for item in sending:
                 item.attempts[target] = item.attempts.get(target, 0) + 1
@@ -252,7 +255,8 @@ class ChannelWorker:
                     doubt.append((item.alert.alert_id, target, reason, item.alert.body))
                 else:
                     item.retry.append(target)
-            await self._ledger.settle(delivered, released if self.at_most_once else (), doubt)
+            if not self._records_delivery:
+                await self._ledger.settle(delivered, released if self.at_most_once else (), doubt)
             if delivered:
                 ALERTS_DELIVERED.labels(channel=self.config.name).inc(len(delivered))
             self._in_doubt(doubt)

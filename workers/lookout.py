@@ -1,14 +1,15 @@
 """The Fire Lookout: fans every alert out to each configured channel's queue, in batches.
 
 Whatever has been delivered on `Aldebaran.Alert` (up to `BATCH` messages, each one alert or
-a batch of them: CONTRACT §3) is handled at once: one Redis call finds the alerts already
-fanned out, each channel queue gets the new ones as one batch message (a JSON array under
-a `batch:` id, a lone alert as itself; at most 1000 alerts a message) published on a
-confirm channel, one Redis call records them, and one `multiple` ack settles the batch.
-An alert is acked only after every channel queue's confirm, so a crash in between re-fans
-it (the channels' ledgers absorb the repeats); a later copy of a recorded alert is acked
-without fanning out again. Batches never overlap, so the multiple-ack covers exactly one
-batch; copies of one alert inside a batch fan out once.
+a batch of them: CONTRACT §3) is handled at once: each channel queue gets the batch's alerts
+as one batch message (a JSON array under a `batch:` id, a lone alert as itself; at most 1000
+alerts a message) published on a confirm channel, and one `multiple` ack settles the batch.
+An alert is acked only after every channel queue's confirm, so a crash in between re-fans it.
+Copies of one alert inside a batch fan out once; copies across batches (an engine's re-publish
+after a crash, a re-fan) are filtered where the design document puts it, in each Channel Boy:
+its ledger (`aldebaran/channels/ledger.py`), or the queue-api channel's keyed enqueue, knows
+what its recipients already have. The lookout keeps no state: Redis is not on its path.
+Batches never overlap, so the multiple-ack covers exactly one batch.
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ from contextlib import suppress
 import aio_pika
 import aio_pika.abc
 import msgspec
-import redis.asyncio as aioredis
 
 from aldebaran.channels.base import Alert, UnreadableAlert
 from aldebaran.io.alert_bus import publish_alerts, split_alerts
 from aldebaran.io.amqp import connect as connect_amqp
 from aldebaran.io.dead_letter import dead_letter
-from aldebaran.io.redis import Keys, Replicas, run_script
-from aldebaran.io.redis import connect as connect_redis
 from aldebaran.log import get_logger
 from aldebaran.settings import Settings
 from declare.topology import ALERT, DEAD_LETTER, channel_queue, topology
@@ -35,8 +33,6 @@ from workers.runtime import Lifecycle
 PREFETCH = 1024  # room for the next batch to arrive while one is handled
 BATCH = 512
 RETRY_PAUSE_SECONDS = 1.0
-# `:` cannot occur in a channel name, so this ledger never collides with a channel's.
-FANNED_OUT = "lookout:fanout"
 
 log = get_logger("lookout")
 
@@ -47,16 +43,11 @@ class Lookout:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._queues = [channel_queue(c.name) for c in settings.channels]
-        self._keys = Keys(settings.redis_key_prefix)
-        self._redis: aioredis.Redis | None = None
-        self._replicas = Replicas.of(settings)
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._delivered: list[aio_pika.abc.AbstractIncomingMessage] = []
         self._arrived = asyncio.Event()
 
     async def run(self, life: Lifecycle) -> None:
-        self._redis = await connect_redis(self._settings)
-        self._record = self._redis.register_script(_RECORD)
         connection = await connect_amqp(self._settings, self.name)
         drainer: asyncio.Task[None] | None = None
         try:
@@ -85,7 +76,6 @@ class Lookout:
             if drainer is not None and not drainer.done():
                 drainer.cancel()
             await connection.close()
-            await self._redis.aclose()
 
     async def _drain(self, stopping: asyncio.Event) -> None:
         """Handle the delivered alerts batch after batch, until stopping with nothing left."""
@@ -113,13 +103,13 @@ class Lookout:
         return declared[ALERT]
 
     async def _handle_batch(self, batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
-        """Fan out a batch (each new alert once), then settle every delivery of it with one ack.
+        """Fan out a batch (each alert in it once), then settle every delivery of it with one ack.
 
         The ack goes out on the channel the last delivery came on: after a reconnect the
         batch's earlier deliveries from the old channel are requeued by the broker anyway,
         and every delivery of the new channel before it is in this batch or settled.
         """
-        assert self._redis is not None and self._channel is not None
+        assert self._channel is not None
         alerts: dict[str, Alert] = {}  # alert_id -> its first copy in the batch
         try:
             # aiormq underneath aio-pika for the publishes (taken per batch: a reconnect
@@ -134,21 +124,12 @@ class Lookout:
             if unreadable:
                 log.error("unreadable alerts dead-lettered", count=len(unreadable),
                           reasons=sorted({reason for _, _, reason in unreadable})[:5])
-            keys = [self._keys.delivered(FANNED_OUT, alert_id) for alert_id in alerts]
-            known = await self._redis.eval(_EXISTING, len(keys), *keys) if keys else []
-            new = [(alert, key) for alert, key, seen in zip(alerts.values(), keys, known, strict=True) if not seen]
-            repeats = received - len(new)
-            if repeats:
-                log.info("already fanned out, dropping the repeats", count=repeats)
-            if new:
-                ids, bodies = [alert.alert_id for alert, _ in new], [alert.body for alert, _ in new]
+            if alerts:
+                ids, bodies = list(alerts), [alert.body for alert in alerts.values()]
                 await asyncio.gather(*(publish_alerts(out, ids, bodies, exchange="", routing_key=queue)
                                        for queue in self._queues))
-                # With redis_min_replicas_acked, on a replica before the ack (a failover keeps it).
-                await run_script(self._redis, self._record, [key for _, key in new],
-                                 [self._settings.alert_dedup_ttl_seconds], self._replicas)
-                log.debug("fanned out", count=len(new), channels=len(self._queues),
-                         alert_ids=[alert.alert_id for alert, _ in new[:20]])
+                log.debug("fanned out", count=len(ids), copies=received - len(ids), channels=len(self._queues),
+                          alert_ids=ids[:20])
             await batch[-1].ack(multiple=True)
         except Exception as exc:  # noqa: BLE001 - broker or Redis trouble: the batch comes back
             log.warning("fan-out failed, requeueing", alert_ids=list(alerts)[:20], count=len(batch),
@@ -177,20 +158,6 @@ def _read(body: bytes, message_id: str | None, alerts: dict[str, Alert],
         alerts.setdefault(alert.alert_id, alert)
         count += 1
     return count
-
-
-# KEYS: fan-out records. Returns per key 1 when it exists (already fanned out), else 0.
-_EXISTING = """
-local out = {}
-for i, key in ipairs(KEYS) do out[i] = redis.call('EXISTS', key) end
-return out
-"""
-
-# KEYS: fan-out records of the alerts just confirmed on every channel queue; ARGV[1]: ttl.
-_RECORD = """
-for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'EX', ARGV[1]) end
-return #KEYS
-"""
 
 
 def build(settings: Settings, name: str | None = None) -> Lookout:

@@ -45,8 +45,6 @@ ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 LATEST_ALERTS = 20
 PEEKED_DEAD_LETTERS = 10
 CACHE_SECONDS = 1.0
-# The lookout's own ledger of fanned-out alerts (workers/lookout.py FANNED_OUT).
-FANNED_OUT = "lookout:fanout"
 
 router = APIRouter()
 
@@ -226,20 +224,18 @@ def _targets(config: Any, settings: Settings) -> tuple[str, ...]:
 
 
 def _alerts_side(settings: Settings) -> list[dict[str, Any]]:
-    """The newest alerts (the outbox's list) with the lookout's and each channel's ledger."""
+    """The newest alerts (the outbox's list) with each channel's ledger."""
     alerts = ops_stats.recent_alerts(settings, LATEST_ALERTS)
     keys = Keys(settings.redis_key_prefix)
     scopes = {c.name: [f"{c.name}/{t}" if t else c.name for t in _targets(c, settings)]
               for c in settings.channels}
     ids = [a.get("alert_id") if isinstance(a.get("alert_id"), str) else None for a in alerts]
-    lookups = [keys.delivered(FANNED_OUT, i) for i in ids if i]
-    lookups += [keys.delivered(scope, i) for i in ids if i for name in scopes for scope in scopes[name]]
+    lookups = [keys.delivered(scope, i) for i in ids if i for name in scopes for scope in scopes[name]]
     found = dict(zip(lookups, _statuses(settings, lookups), strict=True))
     for alert, alert_id in zip(alerts, ids, strict=True):
         if alert_id is None:
-            alert["fanned_out"], alert["delivery"] = None, {}
+            alert["delivery"] = {}
             continue
-        alert["fanned_out"] = found[keys.delivered(FANNED_OUT, alert_id)] is not None
         alert["delivery"] = {name: _status([found[keys.delivered(s, alert_id)] for s in scope_list])
                              for name, scope_list in scopes.items()}
     return alerts

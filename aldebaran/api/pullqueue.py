@@ -3,8 +3,9 @@
 Layout under `Keys.pull_queue(name)` (the AweQ document's lists, sorted sets, hashes):
 `:ready` (list of keys, FIFO), `:checkouts` (sorted set, key -> visibility deadline in
 ms), `:bodies` (hash, key -> JSON {timestamp, message}), `:retries` (hash, key -> times
-it came back), `:dead` (list of keys received `max_receive_count` times, never
-deleted) and `:sent:<dedup id>` (a sender's idempotency record). Every step that
+it came back; no entry until it first does), `:dead` (list of keys received
+`max_receive_count` times, never deleted) and `:sent:<dedup id>` (a sender's idempotency
+record; its owner may keep it elsewhere: the queue-api channel's is its ledger record). Every step that
 touches more than one key is one Lua script, so a crash between two commands (the
 document's prototype's gap) cannot lose or duplicate a message.
 """
@@ -12,12 +13,14 @@ document's prototype's gap) cannot lose or duplicate a message.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
@@ -27,6 +30,16 @@ from aldebaran.io.redis import Keys, Replicas, run_script
 def _script(redis: aioredis.Redis, name: str) -> AsyncScript:
     """One of the package's Lua scripts, loaded once per client (EVALSHA afterwards)."""
     return redis.register_script(resources.files("aldebaran.api").joinpath(name).read_text())
+
+
+class _Body(msgspec.Struct):
+    """What `:bodies` holds per key: the enqueue time and the message."""
+
+    timestamp: int
+    message: str
+
+
+_encode_body = msgspec.json.Encoder().encode
 
 
 def wall_clock_ms() -> int:
@@ -56,10 +69,12 @@ class PullQueue:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, name: str, *, checkout_lifetime_seconds: float,
                  max_receive_count: int, dedup_ttl_seconds: int = 7 * 86400,
-                 clock: Callable[[], int] = wall_clock_ms, replicas: Replicas = Replicas()) -> None:
+                 clock: Callable[[], int] = wall_clock_ms, replicas: Replicas = Replicas(),
+                 dedup_key: Callable[[str], str] | None = None) -> None:
         root = keys.pull_queue(name)
+        # Where a sender's idempotency record for a dedup id lives (`:sent:<id>` unless its owner says).
+        self._dedup_key = dedup_key or (lambda dedup_id: f"{root}:sent:{dedup_id}")
         self.name = name
-        self._root = root
         self._ready, self._checkouts = f"{root}:ready", f"{root}:checkouts"
         self._bodies, self._retries, self._dead = f"{root}:bodies", f"{root}:retries", f"{root}:dead"
         self._redis = redis
@@ -82,12 +97,14 @@ class PullQueue:
         """`send` for many (message, dedup id) pairs in one script call, each enqueue as `send`'s."""
         if not messages:
             return []
-        keys, args = [self._ready, self._bodies, self._retries], [str(self._dedup_ttl)]
+        keys: list[str] = [self._ready, self._bodies]
+        args: list[str | bytes] = [str(self._dedup_ttl)]
         stamp = self._clock()
-        for message, dedup_id in messages:
-            keys.append(f"{self._root}:sent:{dedup_id}" if dedup_id is not None else self._ready)
-            args += [str(uuid.uuid4()), json.dumps({"timestamp": stamp, "message": message}),
-                     "1" if dedup_id is not None else "0"]
+        entropy = os.urandom(16 * len(messages))  # one read for the round's message keys
+        for n, (message, dedup_id) in enumerate(messages):
+            keys.append(self._dedup_key(dedup_id) if dedup_id is not None else self._ready)
+            args += [str(uuid.UUID(bytes=entropy[16 * n:16 * n + 16], version=4)),
+                     _encode_body(_Body(stamp, message)), "1" if dedup_id is not None else "0"]
         replies = await run_script(self._redis, self._send_many, keys, args, self._replicas)
         return [(_text(replies[i + 1]), bool(replies[i])) for i in range(0, len(replies), 2)]
 

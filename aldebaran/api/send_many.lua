@@ -1,12 +1,12 @@
--- Enqueue messages in one step, each all or nothing: body + retry count + ready list, and
--- (optionally) the sender's idempotency record; a repeat of a dedup id enqueues nothing and
--- answers the first key.
--- KEYS: ready, bodies, retries, then per message its dedup record (any key when it has none)
+-- Enqueue messages in one step, each all or nothing: body + ready list, and (optionally) the
+-- sender's idempotency record; a repeat of a dedup id enqueues nothing and answers the first
+-- key. The retry count has no entry until the message first comes back (rescue.lua).
+-- KEYS: ready, bodies, then per message its dedup record (any key when it has none)
 -- ARGV: dedup_ttl_seconds, then per message: key, body, "1" when it has a dedup record
 -- Returns per message: created (1/0), key
 local out = {}
-for i = 4, #KEYS do
-  local n = (i - 4) * 3 + 2
+for i = 3, #KEYS do
+  local n = (i - 3) * 3 + 2
   local key, body, dedup = ARGV[n], ARGV[n + 1], ARGV[n + 2] == '1'
   local existing = dedup and redis.call('GET', KEYS[i])
   if existing then
@@ -14,7 +14,6 @@ for i = 4, #KEYS do
     out[#out + 1] = existing
   else
     redis.call('HSET', KEYS[2], key, body)
-    redis.call('HSET', KEYS[3], key, 0)
     redis.call('RPUSH', KEYS[1], key)
     if dedup then redis.call('SET', KEYS[i], key, 'EX', ARGV[1]) end
     out[#out + 1] = 1

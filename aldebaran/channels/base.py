@@ -80,6 +80,9 @@ class Sink(Protocol):
     records each one separately, so a retry after a partial failure only repeats the
     recipients that did not get the alert. Sinks with a single recipient use `("",)`.
     `send` raises on any failure; the message becomes the parked alert's reason.
+    Optional: `send_many(alerts, target)` (one call for a round, a list of failures or None),
+    and `records_delivery = True` for a sink whose send is keyed by alert id and writes the
+    channel's ledger record itself (the deliverer then neither claims nor settles).
     """
 
     targets: tuple[str, ...]

@@ -1,7 +1,8 @@
 """`queue-api`: put the alert JSON in the pull API's queue for HTTP consumers.
 
 The send uses the alert_id as the queue's dedup id, checked and recorded in the same
-Lua step as the enqueue, so a repeat can never create a second message.
+Lua step as the enqueue, so a repeat can never create a second message. That record is
+the channel's ledger record (`records_delivery`): the deliverer keeps no second one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import redis.asyncio as aioredis
 
 from aldebaran.api.pullqueue import PullQueue
 from aldebaran.channels.base import Alert
+from aldebaran.channels.ledger import ledger_key
 from aldebaran.io.redis import Keys, Replicas
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.settings import QueueApiChannel, Settings
@@ -19,6 +21,7 @@ from aldebaran.settings import QueueApiChannel, Settings
 
 class QueueApiSink:
     targets = ("",)
+    records_delivery = True  # the keyed enqueue writes the ledger record itself
 
     def __init__(self, config: QueueApiChannel, settings: Settings) -> None:
         self._config, self._settings = config, settings
@@ -28,10 +31,11 @@ class QueueApiSink:
     async def start(self) -> None:
         self._redis = await connect_redis(self._settings)
         s = self._settings
-        self._queue = PullQueue(self._redis, Keys(s.redis_key_prefix), self._config.queue,
+        keys, channel = Keys(s.redis_key_prefix), self._config.name
+        self._queue = PullQueue(self._redis, keys, self._config.queue,
                                 checkout_lifetime_seconds=s.checkout_lifetime_seconds,
                                 max_receive_count=s.max_receive_count, dedup_ttl_seconds=s.alert_dedup_ttl_seconds,
-                                replicas=Replicas.of(s))
+                                replicas=Replicas.of(s), dedup_key=lambda alert_id: ledger_key(keys, channel, alert_id))
 
     async def send(self, alert: Alert, target: str) -> None:
         assert self._queue is not None

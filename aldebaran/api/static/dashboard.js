@@ -73,11 +73,11 @@ function renderAlerts(data) {
   const head = el("tr", {},
     el("th", {}, "detected"), el("th", {}, "kind"), el("th", {}, "order"), el("th", {}, "client"),
     el("th", {}, "stock"), el("th", { class: "num" }, "requested"), el("th", { class: "num" }, "purchased"),
-    el("th", {}, "fan-out"), channels.map((name) => el("th", { class: "channel" }, name)));
+    channels.map((name) => el("th", { class: "channel" }, name)));
   $("alerts").tHead.replaceChildren(head);
   const rows = (data.alerts || []).map((a) => {
     if (a.unreadable !== undefined) {
-      return el("tr", {}, el("td", {}, "–"), el("td", {}, "unreadable"), el("td", { colspan: 6 + channels.length }, a.unreadable));
+      return el("tr", {}, el("td", {}, "–"), el("td", {}, "unreadable"), el("td", { colspan: 5 + channels.length }, a.unreadable));
     }
     const delivery = a.delivery || {};
     return el("tr", { "data-alert-id": a.alert_id },
@@ -85,7 +85,6 @@ function renderAlerts(data) {
       el("td", {}, el("span", { class: `kind ${a.kind}` }, a.kind)),
       el("td", { class: "mono" }, a.order_id), el("td", {}, a.client), el("td", {}, a.stock),
       el("td", { class: "num" }, dash(a.requested_shares)), el("td", { class: "num" }, dash(a.purchased_shares)),
-      el("td", {}, a.fanned_out ? badge("delivered", "fanned out") : badge("pending", "waiting")),
       channels.map((name) => {
         const d = delivery[name];
         if (!d) return el("td", { class: "channel" }, "–");
@@ -95,7 +94,7 @@ function renderAlerts(data) {
         return cell;
       }));
   });
-  fill($("alerts").tBodies[0], rows, data.alerts ? "No alerts yet." : "Alerts unavailable (Redis did not answer).", 8 + channels.length);
+  fill($("alerts").tBodies[0], rows, data.alerts ? "No alerts yet." : "Alerts unavailable (Redis did not answer).", 7 + channels.length);
 }
 
 function renderQueues(data) {
