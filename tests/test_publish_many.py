@@ -40,49 +40,68 @@ async def test_every_message_arrives_in_order_and_is_confirmed(channel: aiormq.a
     await channel.queue_declare("q", durable=True)
     big = bytes(range(256)) * 2000  # 512 kB: split over several body frames
     bodies = [f"alert {i}".encode() for i in range(499)] + [big]
-    futures = await publish_many(channel, bodies, props(500), routing_key="q")
-    confirms = await asyncio.gather(*futures)
-    assert all(isinstance(c, spec.Basic.Ack) for c in confirms)
+    confirmations = await publish_many(channel, bodies, props(500), routing_key="q")
+    assert await confirmations.wait() == [None] * 500  # every message confirmed
+    assert all(confirmations.answered)
     assert await drain(channel, "q") == [(f"m-{i}", body) for i, body in enumerate(bodies)]
     assert not channel.message_id_delivery_tag  # nothing left behind for returns
 
 
 async def test_a_full_queue_nacks_only_what_it_refused(channel: aiormq.abc.AbstractChannel) -> None:
     await channel.queue_declare("small", durable=True, arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
-    futures = await publish_many(channel, [b"x"] * 10, props(10), routing_key="small")
-    confirms = await asyncio.gather(*futures, return_exceptions=True)
-    assert [type(c) for c in confirms] == [spec.Basic.Ack] * 3 + [DeliveryError] * 7
-    assert all(isinstance(c.frame, spec.Basic.Nack) for c in confirms[3:])
+    confirmations = await publish_many(channel, [b"x"] * 10, props(10), routing_key="small")
+    outcomes = await confirmations.wait()
+    assert [type(c) for c in outcomes] == [type(None)] * 3 + [DeliveryError] * 7
+    assert all(isinstance(c, DeliveryError) and isinstance(c.frame, spec.Basic.Nack) for c in outcomes[3:])
 
 
 async def test_an_unroutable_batch_is_returned_and_later_publishes_still_match(
         channel: aiormq.abc.AbstractChannel) -> None:
-    returned = await asyncio.gather(*await publish_many(channel, [b"x"] * 5, props(5), routing_key="nowhere"),
-                                    return_exceptions=True)
+    returned = await (await publish_many(channel, [b"x"] * 5, props(5), routing_key="nowhere")).wait()
     assert all(isinstance(r, PublishError) for r in returned)
     await channel.queue_declare("q2", durable=True)
-    confirms = await asyncio.gather(*await publish_many(channel, [b"y"] * 5, props(5), routing_key="q2"))
-    assert all(isinstance(c, spec.Basic.Ack) for c in confirms)
+    assert await (await publish_many(channel, [b"y"] * 5, props(5), routing_key="q2")).wait() == [None] * 5
     assert len(await drain(channel, "q2")) == 5
+    assert not channel.message_id_delivery_tag  # the returned ones were forgotten too
 
 
 async def test_mixed_with_plain_publishes_on_one_channel(channel: aiormq.abc.AbstractChannel) -> None:
     await channel.queue_declare("q3", durable=True)
 
-    async def batch(tag: str) -> list[object]:
+    async def batch(tag: str) -> list[BaseException | None]:
         properties = [spec.Basic.Properties(message_id=f"{tag}-{i}") for i in range(50)]
-        return list(await asyncio.gather(*await publish_many(channel, [tag.encode()] * 50, properties,
-                                                             routing_key="q3")))
+        return await (await publish_many(channel, [tag.encode()] * 50, properties, routing_key="q3")).wait()
 
     singles = [channel.basic_publish(b"one", routing_key="q3", properties=spec.Basic.Properties(message_id=f"s-{i}"))
                for i in range(20)]
     results = await asyncio.gather(batch("a"), *singles, batch("b"))
-    flat = [*results[0], *results[1:-1], *results[-1]]
-    assert len(flat) == 120 and all(isinstance(c, spec.Basic.Ack) for c in flat)
+    assert results[0] == results[-1] == [None] * 50
+    assert all(isinstance(c, spec.Basic.Ack) for c in results[1:-1])
     ids = [message_id for message_id, _ in await drain(channel, "q3")]
     assert sorted(ids) == sorted([f"a-{i}" for i in range(50)] + [f"b-{i}" for i in range(50)]
                                  + [f"s-{i}" for i in range(20)])
     assert ids.index("a-0") + 49 == ids.index("a-49")  # a batch is one write: its messages stay together
+
+
+async def test_a_closed_channel_fails_what_it_did_not_answer(vhost: services.Vhost) -> None:
+    connection = await aiormq.connect(vhost.amqp_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        # An exchange that does not exist: the broker closes the channel instead of answering.
+        confirmations = await publish_many(channel, [b"x"] * 3, props(3), exchange="no-such-exchange")
+        outcomes = await confirmations.wait(timeout=30)
+        assert len(outcomes) == 3 and all(isinstance(o, Exception) and not isinstance(o, TimeoutError)
+                                          for o in outcomes)
+    finally:
+        await connection.close()
+
+
+async def test_a_confirm_that_never_comes_is_a_timeout(channel: aiormq.abc.AbstractChannel) -> None:
+    await channel.queue_declare("q4", durable=True)
+    confirmations = await publish_many(channel, [b"z"] * 2, props(2), routing_key="q4")
+    outcomes = await confirmations.wait(timeout=0)  # asked before any answer could come
+    assert [type(o) for o in outcomes] == [TimeoutError, TimeoutError]
+    assert confirmations.answered == [True, True]
 
 
 async def test_it_refuses_a_channel_without_confirms(vhost: services.Vhost) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 import aio_pika.abc
 from aio_pika.exceptions import DeliveryError
@@ -67,17 +66,14 @@ class AmqpSink:
                 await self._open()
             assert self._channel is not None
             raw = await self._channel.get_underlay_channel()
-            publishes = await publish_many(
+            confirmations = await publish_many(
                 raw, [alert.body for alert in alerts],
                 [spec.Basic.Properties(delivery_mode=2, message_id=alert.alert_id, content_type="application/json")
                  for alert in alerts], exchange=self._config.exchange, routing_key=self._config.routing_key)
         except Exception as exc:  # noqa: BLE001 - no connection, or the write never happened: nothing was published
             return [NotDelivered(f"cannot reach the broker: {type(exc).__name__}: {mask_url(str(exc))}")] * len(alerts)
-        done, late = await asyncio.wait(publishes, timeout=self._config.timeout_seconds)
-        for publish in late:
-            publish.cancel()
-        return [_outcome(publish) if publish in done else TimeoutError("no confirm within the timeout")
-                for publish in publishes]
+        return [NotDelivered(f"the broker refused the alert: {outcome!r}") if isinstance(outcome, DeliveryError)
+                else outcome for outcome in await confirmations.wait(self._config.timeout_seconds)]
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -86,16 +82,3 @@ class AmqpSink:
 
 def build(config: AmqpChannel, settings: Settings) -> AmqpSink:
     return AmqpSink(config, settings)
-
-
-def _outcome(publish: asyncio.Future[Any]) -> BaseException | None:
-    """A finished publish: None when confirmed; `NotDelivered` when the broker nacked or returned it."""
-    error = publish.exception()
-    if isinstance(error, DeliveryError):
-        return NotDelivered(f"the broker refused the alert: {error!r}")
-    if error is not None:
-        return error
-    confirm = publish.result()
-    if confirm is not None and not isinstance(confirm, spec.Basic.Ack):
-        return NotDelivered(f"the broker refused the alert: {confirm!r}")
-    return None

@@ -7,7 +7,6 @@ its `alert_id` as `message_id`, as it always did. Readers accept both (`parse_al
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Sequence
 
@@ -57,11 +56,12 @@ async def publish_alerts(channel: aiormq.abc.AbstractChannel, alert_ids: Sequenc
                                                 content_type=BATCH_CONTENT_TYPE, headers=headers))
     if not messages:
         return
-    futures = await publish_many(channel, messages, properties, exchange=exchange, routing_key=routing_key)
-    try:
-        await asyncio.gather(*futures)
-    except DeliveryError as exc:  # a nack or a return: the broker does not hold every message
-        raise AlertsRefused(f"alert batch not confirmed: {exc!r}") from None
+    confirmations = await publish_many(channel, messages, properties, exchange=exchange, routing_key=routing_key)
+    for outcome in await confirmations.wait():
+        if isinstance(outcome, DeliveryError):  # a nack or a return: the broker does not hold every message
+            raise AlertsRefused(f"alert batch not confirmed: {outcome!r}") from None
+        if outcome is not None:  # the channel closed under it
+            raise outcome
 
 
 def split_alerts(body: bytes) -> list[bytes]:

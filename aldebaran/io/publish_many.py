@@ -6,10 +6,13 @@ drains every message on its own: one syscall per message, and one small read per
 for the broker. For the `amqp` channel (one message per alert, CONTRACT §3) that cost 4× the
 client's CPU and 2× the broker's per alert (`deploy/testbed/channel_drain.py`, docs/benchmarks.md).
 
-`publish_many` does the bookkeeping `basic_publish` does (a delivery tag and a confirmation
-future per message, the message-id map a `basic.return` is matched by) under the channel's
-lock, so it mixes safely with plain publishes on the same channel. It reaches into aiormq's
-channel attributes, which is why it lives here alone and aiormq is pinned to 7.x.
+`publish_many` does the bookkeeping `basic_publish` does (a delivery tag per message, the
+message-id map a `basic.return` is matched by) under the channel's lock, so it mixes safely
+with plain publishes on the same channel. The broker's answers land in one `Confirmations`
+per call: a light slot per message in aiormq's confirmation map, and one future for the whole
+call (an asyncio future and three callbacks per message were a quarter of the `amqp`
+deliverer's CPU). It reaches into aiormq's channel attributes, which is why it lives here
+alone and aiormq is pinned to 7.x.
 """
 
 from __future__ import annotations
@@ -17,25 +20,97 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
-from functools import partial
 
 import aiormq
 import aiormq.abc
 import pamqp.frame
 from aiormq.abc import ChannelFrame
+from aiormq.exceptions import DeliveryError
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 
+class Confirmations:
+    """The broker's answer to each message of one `publish_many` call, in order.
+
+    `outcomes[i]` is None while message i is unanswered or once it is confirmed (`Basic.Ack`),
+    else the failure `basic_publish` would raise: `DeliveryError` for a nack, `PublishError`
+    for a return (when the channel raises on returns), the channel's error when it closes.
+    """
+
+    def __init__(self, channel: aiormq.Channel, count: int) -> None:
+        self.outcomes: list[BaseException | None] = [None] * count
+        self.answered = [False] * count
+        self._pending = count
+        self._channel = channel
+        # In the channel's future store: rejected with the channel's error when it closes.
+        self._all = channel.create_future()
+        if not count:
+            self._all.set_result(None)
+
+    async def wait(self, timeout: float | None = None) -> list[BaseException | None]:
+        """Every message's outcome; one still unanswered after `timeout` is a `TimeoutError`."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._all), timeout)
+        except TimeoutError:
+            self._fail_unanswered(TimeoutError("no confirm within the timeout"))
+        except Exception as exc:  # noqa: BLE001 - the channel closed: what it did not answer failed with it
+            self._fail_unanswered(exc)
+        return list(self.outcomes)
+
+    def _answer(self, index: int, outcome: BaseException | None) -> None:
+        if self.answered[index]:
+            return
+        self.answered[index] = True
+        self.outcomes[index] = outcome
+        self._pending -= 1
+        if not self._pending and not self._all.done():
+            self._all.set_result(None)
+
+    def _fail_unanswered(self, error: BaseException) -> None:
+        for index, answered in enumerate(self.answered):
+            if not answered:
+                self.answered[index] = True
+                self.outcomes[index] = error
+        self._pending = 0
+
+
+class _Slot:
+    """What aiormq's confirmation map holds for one message: the part of a future it calls."""
+
+    __slots__ = ("_confirmations", "_index", "_message_id", "_tag")
+
+    def __init__(self, confirmations: Confirmations, index: int, message_id: str, tag: int) -> None:
+        self._confirmations, self._index, self._message_id, self._tag = confirmations, index, message_id, tag
+
+    def done(self) -> bool:
+        return self._confirmations.answered[self._index]
+
+    def cancelled(self) -> bool:
+        return self.done()  # answered early (a timeout): a late confirm is logged at debug level
+
+    def set_result(self, result: object) -> None:
+        # A returned message arrives here when the channel does not raise on returns.
+        outcome = None if isinstance(result, spec.Basic.Ack) else DeliveryError(None, result)  # type: ignore[arg-type]
+        self._settle(outcome)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._settle(error)
+
+    def _settle(self, outcome: BaseException | None) -> None:
+        channel = self._confirmations._channel
+        if channel.message_id_delivery_tag.get(self._message_id) == self._tag:
+            del channel.message_id_delivery_tag[self._message_id]
+        self._confirmations._answer(self._index, outcome)
+
+
 async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[bytes],
                        properties: Sequence[spec.Basic.Properties], *, exchange: str = "",
-                       routing_key: str = "", mandatory: bool = True) -> list[asyncio.Future[object]]:
-    """Publish each body with its properties in one write; one future per message, in order.
+                       routing_key: str = "", mandatory: bool = True) -> Confirmations:
+    """Publish each body with its properties in one write; the broker's answers come in the
+    returned `Confirmations` (await its `wait`, with the caller's timeout).
 
-    A future ends with `Basic.Ack`, or raises as `basic_publish` would: `DeliveryError` for a
-    nack, `PublishError` for a return (when `mandatory` and the channel raises on returns),
-    the channel's error when it closes. The caller awaits them, with its own timeout.
     Messages without a `message_id` get one (returns are matched by it).
     """
     if not isinstance(channel, aiormq.Channel):
@@ -47,37 +122,30 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
     number, limit = channel.number, channel.max_content_size
     publish = pamqp.frame.marshal(spec.Basic.Publish(exchange=exchange, routing_key=routing_key,
                                                      mandatory=mandatory), number)
-    futures: list[asyncio.Future[object]] = []
+    confirmations = Confirmations(channel, len(bodies))
     async with channel.lock:  # delivery tags in the order the broker sees the messages
         parts: list[bytes] = []
         tags: list[tuple[str, int]] = []
-        for body, props in zip(bodies, properties, strict=True):
+        for index, (body, props) in enumerate(zip(bodies, properties, strict=True)):
             if not props.message_id:
                 props.message_id = uuid.uuid4().hex
             parts.append(publish)
             parts.append(pamqp.frame.marshal(ContentHeader(properties=props, body_size=len(body)), number))
             parts += [pamqp.frame.marshal(ContentBody(body[i:i + limit]), number) for i in range(0, len(body), limit)]
             channel.delivery_tag += 1
-            future = channel.create_future()
-            channel.confirmations[channel.delivery_tag] = future
-            channel.message_id_delivery_tag[props.message_id] = channel.delivery_tag
-            tags.append((props.message_id, channel.delivery_tag))
-            futures.append(future)
+            tag = channel.delivery_tag
+            channel.confirmations[tag] = _Slot(confirmations, index, props.message_id, tag)  # type: ignore[assignment]
+            channel.message_id_delivery_tag[props.message_id] = tag
+            tags.append((props.message_id, tag))
         try:
             await channel.write_queue.put(ChannelFrame(payload=b"".join(parts), should_close=False))
         except BaseException:  # nothing reached the broker: its tags are free again, as in `basic_publish`
-            channel.delivery_tag -= len(futures)
-            for future, (message_id, tag) in zip(futures, tags, strict=True):
+            channel.delivery_tag -= len(tags)
+            for message_id, tag in tags:
                 channel.confirmations.pop(tag, None)
-                _forget(channel, message_id, tag)
-                future.cancel()
+                if channel.message_id_delivery_tag.get(message_id) == tag:
+                    del channel.message_id_delivery_tag[message_id]
+            if not confirmations._all.done():
+                confirmations._all.cancel()
             raise
-    for future, (message_id, tag) in zip(futures, tags, strict=True):
-        future.add_done_callback(partial(_forget, channel, message_id, tag))
-    return futures
-
-
-def _forget(channel: aiormq.Channel, message_id: str, tag: int, _: object = None) -> None:
-    """Drop a settled message from the return map (as `basic_publish` does)."""
-    if channel.message_id_delivery_tag.get(message_id) == tag:
-        del channel.message_id_delivery_tag[message_id]
+    return confirmations
