@@ -41,36 +41,52 @@ class NotDelivered(Exception):
         self.permanent = permanent
 
 
+class _Head(msgspec.Struct):
+    """What every reader of an alert needs from it; the other fields stay in the bytes."""
+
+    alert_id: Any = None
+
+
+_decode_head = msgspec.json.Decoder(_Head).decode
+
+
 @dataclass(frozen=True, slots=True)
 class Alert:
-    """One alert as received: the fields (CONTRACT §3) and the exact bytes to forward."""
+    """One alert as received: its id and the exact bytes to forward."""
 
     alert_id: str
-    fields: dict[str, Any]
     body: bytes
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The alert's fields (CONTRACT §3), decoded when a sink formats them: the lookout and
+        most sinks only forward the bytes, so they never pay for a dict per alert."""
+        fields: dict[str, Any] = _decode(self.body)
+        return fields
 
     @classmethod
     def parse(cls, body: bytes, message_id: str | None = None) -> Alert:
         try:
-            fields = _decode(body)
+            head = _decode_head(body)
+        except msgspec.ValidationError:
+            raise UnreadableAlert("not a JSON object") from None
         except msgspec.DecodeError as exc:
             raise UnreadableAlert(f"not JSON: {exc}") from None
-        if not isinstance(fields, dict):
-            raise UnreadableAlert("not a JSON object")
-        alert_id = fields.get("alert_id") or message_id
+        alert_id = head.alert_id or message_id
         if not isinstance(alert_id, str) or not alert_id:
             raise UnreadableAlert("no alert_id")
         if len(alert_id.encode()) > MAX_ALERT_ID_BYTES:  # it travels as an AMQP message_id (a shortstr)
             raise UnreadableAlert(f"alert_id over {MAX_ALERT_ID_BYTES} bytes")
-        return cls(alert_id, fields, body)
+        return cls(alert_id, body)
 
     def summary(self) -> str:
         """One line for people (SMS, push, Nagios, e-mail subject)."""
         # Generic over applications: every scalar field the rule put on its alert.
         skip = {"alert_id", "kind", "detected_at"}
-        details = " ".join(f"{name}={value}" for name, value in self.fields.items()
+        fields = self.fields
+        details = " ".join(f"{name}={value}" for name, value in fields.items()
                            if name not in skip and isinstance(value, (str, int, float, type(None))))
-        return f"{self.fields.get('kind', 'alert')}: {details} ({self.alert_id})"
+        return f"{fields.get('kind', 'alert')}: {details} ({self.alert_id})"
 
 
 class Sink(Protocol):
