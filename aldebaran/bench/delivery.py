@@ -5,8 +5,9 @@ message per alert into a `downstream` queue of the same vhost; at most once, wit
 sends in flight, so a crash could leave up to 256 in doubt) run as their own
 `aldebaran run` processes; the bench waits until both hold every alert the engine put
 on `Aldebaran.Alert` and checks that each holds it once. Both sinks are read while the run
-goes on (the pull queue followed, not consumed), so "last alert after last event" is when the last
-alert arrived at a recipient.
+goes on (the pull queue followed, not consumed; the downstream queue drained by a recipient
+process of its own, `aldebaran/bench/downstream_reader.py`), so "last alert after last event"
+is when the last alert arrived at a recipient.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import aiormq
 import msgspec
 
 from aldebaran.api.pullqueue import PullQueue
@@ -45,6 +45,13 @@ class PulledAlert(msgspec.Struct):
     alert_id: str
 
 
+class Landed(msgspec.Struct):
+    """One report of the downstream recipient process (`downstream_reader`)."""
+
+    new: list[tuple[str, float]]
+    copies: int
+
+
 class Delivery:
     """Lookout + channel processes for one place; `pids` for the CPU meter."""
 
@@ -60,18 +67,19 @@ class Delivery:
         self.copies = {"pull": 0, "bus": 0}
         self.last_new = {"pull": 0.0, "bus": 0.0}
         self.last_of_kind: dict[str, float] = {}  # alert kind -> when its last new alert landed anywhere
-        self.bus_log: list[tuple[str, float]] = []  # (alert id, when) as read; counted in `wait_landed`
-        self.connection: aiormq.abc.AbstractConnection | None = None
-        self.reader: asyncio.Task[None] | None = None
+        self.readers: list[asyncio.Task[None]] = []
+        self.recipient: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
         """Start the lookout and both channels, and read both sinks from now on: an alert's
         landing time is when it arrived, not when the bench got round to looking."""
-        self.connection = await aiormq.connect(self.place.amqp_url)
-        channel = await self.connection.channel()
-        await channel.queue_declare(DOWNSTREAM, durable=True)
-        await channel.basic_consume(DOWNSTREAM, self._on_bus, no_ack=True)
-        self.reader = asyncio.create_task(self._read_pull())
+        self.recipient = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aldebaran.bench.downstream_reader", self.place.amqp_url, DOWNSTREAM,
+            stdout=asyncio.subprocess.PIPE)
+        assert self.recipient.stdout is not None
+        await self.recipient.stdout.readline()  # it consumes
+        self.readers = [asyncio.create_task(self._read_bus(self.recipient.stdout)),
+                        asyncio.create_task(self._read_pull())]
         for args in (["lookout"], ["channel", "pull"], ["channel", "bus"]):
             # The child writes through its own copy of the descriptor; ours closes after the start.
             with open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb") as log:
@@ -85,20 +93,25 @@ class Delivery:
         the time of the timeout when one never got them all."""
         deadline = time.monotonic() + timeout
         while True:
-            log, self.bus_log = self.bus_log, []
-            for alert_id, at in log:
-                self._land("bus", alert_id, at)
             if expected <= self.landed["pull"] and expected <= self.landed["bus"]:
                 break
-            if self.reader is not None and self.reader.done():
-                self.reader.result()  # the pull reader failed: say why
+            for reader in self.readers:
+                if reader.done():
+                    reader.result()  # a reader failed: say why
             if time.monotonic() >= deadline:
                 return time.monotonic()
             await asyncio.sleep(0.05)
         return max(self.last_new.values())
 
-    async def _on_bus(self, message: aiormq.abc.DeliveredMessage) -> None:
-        self.bus_log.append((message.header.properties.message_id or "", time.monotonic()))
+    async def _read_bus(self, lines: asyncio.StreamReader) -> None:
+        """What the recipient process reports: each alert id when it first landed, and the repeats."""
+        decode = msgspec.json.Decoder(Landed).decode
+        while line := await lines.readline():
+            report = decode(line)
+            for alert_id, at in report.new:
+                self._land("bus", alert_id, at)
+            self.copies["bus"] += report.copies
+        raise RuntimeError("the downstream recipient process ended")
 
     def _land(self, name: str, alert_id: str, at: float) -> None:
         self.copies[name] += 1
@@ -138,9 +151,8 @@ class Delivery:
         return "; ".join(parts)
 
     async def stop(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
-            await asyncio.gather(self.reader, return_exceptions=True)
-        if self.connection is not None:
-            await self.connection.close()
-        await asyncio.gather(*(stop_process(process) for process in self.processes))
+        for reader in self.readers:
+            reader.cancel()
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        recipient = [self.recipient] if self.recipient is not None else []
+        await asyncio.gather(*(stop_process(process) for process in [*self.processes, *recipient]))
