@@ -65,7 +65,7 @@ def test_a_conflicting_duplicate_is_reported_once_per_copy_and_never_counted() -
     assert first.conflicts == []
     again = engine.cycle([_msg(Purchase("x", "o", 60, "c", "s")),  # a true redelivery
                           WalMessage(JSON, encode_json([Purchase("x", "o", 50, "c", "s")]))], 1_100, NOW)
-    assert again.duplicate == 2 and again.conflicts == [("trade_limits", "o", "p:x")]
+    assert again.duplicate == 2 and again.conflicts == [("trade_limits", "o", "x")]
     assert engine.books.books["trade_limits"]["o"].state.purchased == 60  # the first copy counts
 
 

