@@ -55,7 +55,8 @@ def drain_rows(workload: str, runs: Sequence[Drain], expected: dict[str, set[str
 
 
 DRAIN_HEADER = ("| workload | system | events/s | × hand-written | × Bytewax | CPU µs/event: process + RabbitMQ + "
-                "Redis = machine | alerts ok / wrong / missing / dup | last over_purchase out after the last event | note |\n"
+                "Redis = machine | alerts ok / wrong / missing / dup | last over_purchase out after the last event "
+                "| note |\n"
                 "|---|---|---:|---:|---:|---|---|---:|---|")
 PACED_HEADER = ("| run | offered events/s | events | publish→book p50 / p95 / p99 (ms) | "
                 "publish→alert confirmed p50 / p95 / p99 (ms) | CPU cores (engine, RabbitMQ, Redis) |\n"
