@@ -11,6 +11,8 @@ EVENTS_CONSUMED = Counter("aldebaran_events_consumed_total", "Trade events decod
 DEAD_LETTERED = Counter("aldebaran_messages_dead_lettered_total", "Messages sent to the dead-letter queue", ["reason"])
 BOOKS_OPEN = Gauge("aldebaran_books_open", "Books currently held by this process")
 BOOK_EVENTS = Counter("aldebaran_book_events_total", "Events offered to books, by outcome", ["outcome"])
+EVENTS_HANDED_OVER = Counter("aldebaran_engine_events_handed_over_total",
+                             "Events a partitioned engine handed to the engines owning their books")
 CONFLICTING_DUPLICATES = Counter("aldebaran_conflicting_duplicates_total",
                                  "Events whose id a book had already counted with other content (the first copy wins)")
 RULE_ERRORS = Counter("aldebaran_rule_errors_total",

@@ -177,6 +177,17 @@ class EngineSettings(_Strict):
     done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
     done_max_markers: Annotated[int, Field(ge=1)] = 4_000_000  # ... at most this many (oldest forgotten)
     latency_samples_dir: str = ""  # the bench's raw publish->book/alert samples ("" = off)
+    # Engine processes sharing the books (each owns one partition of them; docs/engine.md,
+    # "Scaling out"), and the partition this process owns.
+    partitions: Annotated[int, Field(ge=1, le=64)] = 1
+    partition: Annotated[int, Field(ge=0, le=63)] = 0
+
+    @model_validator(mode="after")
+    def _partition_in_range(self) -> EngineSettings:
+        if self.partition >= self.partitions:
+            raise ValueError(f"partition {self.partition} is not one of 0..{self.partitions - 1} "
+                             f"(partitions = {self.partitions})")
+        return self
 
 
 class PerOrderSettings(_Strict):

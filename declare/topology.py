@@ -21,6 +21,14 @@ CHANNEL_PREFIX = "Aldebaran.Channel."
 REASON_HEADER = "x-aldebaran-reason"
 
 
+ENGINE_PARTITION_PREFIX = "aldebaran.engine.partition."
+
+
+def engine_partition_queue(partition: int) -> str:
+    """Where the other engines hand partition `partition` the events of its books."""
+    return f"{ENGINE_PARTITION_PREFIX}{partition}"
+
+
 def channel_queue(name: str) -> str:
     return f"{CHANNEL_PREFIX}{name}"
 
@@ -113,6 +121,9 @@ def topology(settings: Settings) -> Topology:
         QueueSpec(ALERT, durable_arguments(settings), bind_to=ALERT),
         QueueSpec(DEAD_LETTER, durable_arguments(settings, dead_letter=None)),
     ]
+    if settings.engine.partitions > 1:
+        queues += [QueueSpec(engine_partition_queue(p), durable_arguments(settings))
+                   for p in range(settings.engine.partitions)]
     for channel in settings.channels:
         queues.append(QueueSpec(channel_queue(channel.name), durable_arguments(settings)))
         queues.append(QueueSpec(channel_dead_letter(channel.name), durable_arguments(settings, None)))

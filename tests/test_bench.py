@@ -48,7 +48,7 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
                ALDEBARAN_AMQP_URL=services.AMQP_URL, ALDEBARAN_LOG_FORMAT="json")
     try:  # under pytest's own 300 s, so that a wedged bench says where it was
         result = subprocess.run(
-            [sys.executable, "-m", "aldebaran.cli", "bench", "--quick", "--systems", "raw,handwritten,engine",
+            [sys.executable, "-m", "aldebaran.cli", "bench", "--quick", "--systems", "raw,handwritten,engine,engine2",
              "--output", str(tmp_path)], env=env, capture_output=True, text=True, timeout=270)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the bench hung: {exc.stdout!r:.3000} {exc.stderr!r:.3000}") from exc
@@ -57,9 +57,12 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     assert "aldebaran bench --quick" in report
     rows = [line for line in report.splitlines()
             if line.startswith("| ") and any(cell.strip().startswith("engine") for cell in line.split("|")[1:3])]
-    assert len(rows) == 5, report  # three drains and the paced runs (1000- and 100-event messages)
-    assert "in 1000-event messages" in rows[3] and "in 100-event messages" in rows[4], rows[3:]
-    for row in rows[:3]:  # correctness, not speed: every alert once, none wrong
+    # Three drains, each by one engine and by two partitioned ones, then the paced runs.
+    assert len(rows) == 8, report
+    assert [("2 processes, partitioned" in row) for row in rows[:6]] == [False, True] * 3, rows
+    assert "in 1000-event messages" in rows[6] and "in 100-event messages" in rows[7], rows[6:]
+    for row in rows[:6]:  # correctness, not speed: every alert once, none wrong
         ok, wrong, missing, dup = (cell.strip() for cell in row.split("|")[7].split("/"))
         assert (wrong, missing, dup) == ("0", "0", "0") and int(ok.replace(",", "")) > 0, row
-    assert "queue-api" in rows[2] and "0 repeated" in rows[2], rows[2]
+    for row in rows[4:6]:  # alert-heavy: both channels got every alert once
+        assert "queue-api" in row and "0 repeated" in row, row

@@ -33,6 +33,7 @@ from redis.exceptions import RedisError
 
 from aldebaran.apps import load_rules
 from aldebaran.core.engine import Cycle, Engine, RuleReject
+from aldebaran.core.partitions import Partitioning
 from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
@@ -47,6 +48,7 @@ from aldebaran.metrics import (
     DONE_MARKERS,
     DONE_MARKERS_FORGOTTEN,
     EVENTS_CONSUMED,
+    EVENTS_HANDED_OVER,
     RULE_ERRORS,
 )
 from aldebaran.runtime_tuning import tune_gc
@@ -75,16 +77,23 @@ class EngineWorker:
         self.throttle = Throttle()
         self._conflicts_logged: OrderedDict[tuple[str, str], None] = OrderedDict()  # bounded
 
+    @property
+    def partition(self) -> int | None:
+        """The partition of the books this engine owns; None when one engine owns them all."""
+        return self.config.partition if self.config.partitions > 1 else None
+
     def new_engine(self) -> Engine:
+        partitioning = (Partitioning(self.rules, self.config.partition, self.config.partitions)
+                        if self.partition is not None else None)
         return Engine(self.rules, self.settings.book_ttl_seconds, self.config.done_retention_seconds,
-                      self.config.done_max_markers, self.settings.max_message_bytes)
+                      self.config.done_max_markers, self.settings.max_message_bytes, partitioning)
 
     async def run(self, life: Lifecycle) -> None:
         tune_gc()
         redis = await redis_io.connect(self.settings)
         lease_ms = int(self.config.lease_seconds * 1000)
         self.store = EngineStore(redis, self.keys, self.token, lease_ms, self.settings.alert_dedup_ttl_seconds,
-                                 redis_io.Replicas.of(self.settings))
+                                 redis_io.Replicas.of(self.settings), self.partition)
 
         async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
             try:
@@ -114,7 +123,8 @@ class EngineWorker:
             engine.replay(record, now)
         prefix = self.keys.alert("")
         outbox = [(key[len(prefix):], body) for key, body in pending.items()]
-        log.info("engine owns the books", apps=[rule.name for rule in self.rules], books=engine.open_books,
+        log.info("engine owns the books", apps=[rule.name for rule in self.rules], partition=self.partition,
+                 partitions=self.config.partitions, books=engine.open_books,
                  done_markers=engine.done_markers, log_records=len(records), pending_alerts=len(outbox),
                  load_ms=round((time.perf_counter() - started) * 1000, 1))
         return engine, outbox
@@ -126,6 +136,8 @@ class EngineWorker:
         for outcome, number in (("applied", cycle.applied), ("duplicate", cycle.duplicate), ("late", cycle.late)):
             if number:
                 BOOK_EVENTS.labels(outcome=outcome).inc(number)
+        if cycle.handed_over:
+            EVENTS_HANDED_OVER.inc(cycle.handed_over)
         self._late_logged += cycle.late
 
     def troubles(self, cycle: Cycle) -> None:

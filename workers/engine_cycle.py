@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from aldebaran.core.engine import Cycle
 from aldebaran.core.rule import Alert
 from aldebaran.core.wal import WalMessage
+from declare.topology import engine_partition_queue
 
 
 @dataclass(slots=True)
@@ -26,6 +27,7 @@ class CycleOutput:
     last_tag: int
     rejects: list[tuple[bytes, str, str]]  # (the element's bytes, the reason, its log throttle key)
     oldest_published_ms: int
+    handovers: list[tuple[str, bytes]]  # (the owning partition's queue, the events of its books)
     alert_ids: list[str] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
@@ -35,7 +37,8 @@ class CycleOutput:
         rejects = [(reject.raw or batch[index].message.body, reject.reason,
                     getattr(reject, "log_key", None) or reject.reason[:80]) for index, reject in cycle.rejects]
         published = [d.published_ms for d in batch if d.published_ms]
-        return cls(batch[-1].tag if batch else 0, rejects, min(published) if published else 0)
+        handovers = [(engine_partition_queue(owner), body) for owner, body in sorted(cycle.handovers.items())]
+        return cls(batch[-1].tag if batch else 0, rejects, min(published) if published else 0, handovers)
 
 
 def alert_payloads(alerts: Sequence[Alert]) -> tuple[list[str], list[bytes]]:

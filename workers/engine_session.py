@@ -20,13 +20,14 @@ from aldebaran.core.engine import Cycle, Engine
 from aldebaran.core.pipeline_clock import PipelineClock
 from aldebaran.core.wal import WalMessage
 from aldebaran.io.alert_bus import publish_alerts
-from aldebaran.io.alert_witness import WITNESS_QUEUE, declare_witness, read_witnesses
+from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_queue
 from aldebaran.io.dead_letter import dead_letter
+from aldebaran.io.handover import hand_over
 from aldebaran.io.publisher import PUBLISHED_HEADER
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, PROCESSING_LATENCY
 from declare.declarer import declare_async
-from declare.topology import TRADE_DATA
+from declare.topology import TRADE_DATA, engine_partition_queue
 from workers.engine_cycle import CycleOutput, Delivery, alert_payloads
 from workers.runtime import Lifecycle
 
@@ -55,6 +56,7 @@ class Session:
         self.previous: asyncio.Future[None] | None = None  # the last cycle's confirm-and-ack
         self.tasks: set[asyncio.Task[None]] = set()
         self.trimming: asyncio.Future[None] | None = None  # reading alert witnesses (one at a time)
+        self.witness_queue = witness_queue(worker.settings)
 
     async def run(self) -> None:
         if not await self._own():
@@ -73,16 +75,20 @@ class Session:
         inbound = await self.connection.channel()
         await inbound.set_qos(prefetch_count=self.config.prefetch)
         self.inbound = await inbound.get_underlay_channel()
-        consumer_tag = (await self.inbound.basic_consume(TRADE_DATA, self._on_delivery)).consumer_tag
-        assert consumer_tag is not None, "Basic.ConsumeOk always names the consumer"
-        log.info("consuming", queue=TRADE_DATA, mode="engine", prefetch=self.config.prefetch)
+        # One channel for the ingress and (partitioned) the handovers: a cycle's one multiple-ack covers both.
+        consumers = [(TRADE_DATA, self._on_delivery)]
+        if self.worker.partition is not None:
+            consumers.append((engine_partition_queue(self.worker.partition), self._on_handover))
+        tags = [str((await self.inbound.basic_consume(queue, callback)).consumer_tag) for queue, callback in consumers]
+        log.info("consuming", queues=[queue for queue, _ in consumers], mode="engine", prefetch=self.config.prefetch)
         self.life.ready()
         try:
             await self._cycles(engine)
         finally:
             if not self.inbound.is_closed:
                 with contextlib.suppress(Exception):  # the channel died meanwhile
-                    await self.inbound.basic_cancel(consumer_tag)
+                    for tag in tags:
+                        await self.inbound.basic_cancel(tag)
         await self._finish()
 
     async def _own(self) -> bool:
@@ -101,13 +107,20 @@ class Session:
         return False
 
     async def _on_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
+        self._take(message, handed_over=False)
+
+    async def _on_handover(self, message: aiormq.abc.DeliveredMessage) -> None:
+        """Events of this partition's books, handed over by another engine."""
+        self._take(message, handed_over=True)
+
+    def _take(self, message: aiormq.abc.DeliveredMessage, handed_over: bool) -> None:
         properties = message.header.properties
         headers = properties.headers or {}
         published = headers.get(PUBLISHED_HEADER)
         tag = message.delivery_tag
         assert tag is not None, "a consumed message always carries its delivery tag"
-        self.batcher.add(Delivery(tag, WalMessage(properties.content_type or "", message.body),
-                                  published if isinstance(published, int) else 0))
+        self.batcher.add(Delivery(tag, WalMessage(properties.content_type or "", message.body, handed_over),
+                                  published if isinstance(published, int) and not handed_over else 0))
         if self.batcher.ready:
             self.arrived.set()
 
@@ -183,7 +196,9 @@ class Session:
         try:
             sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason, _ in output.rejects]
             if output.alert_ids:
-                sends.append(publish_alerts(self.out, output.alert_ids, output.bodies, witness=WITNESS_QUEUE))
+                sends.append(publish_alerts(self.out, output.alert_ids, output.bodies, witness=self.witness_queue))
+            if output.handovers:
+                sends.append(hand_over(self.out, output.handovers))
             if sends:
                 await asyncio.gather(*sends)
             for _, reason, key in output.rejects:
@@ -227,7 +242,7 @@ class Session:
     async def _republish(self, outbox: list[tuple[str, bytes]]) -> None:
         """Alerts recorded but never marked sent (a crash in between): those a witness shows on
         the bus are marked sent; the others never went out and are published now."""
-        witnesses = await read_witnesses(self.witness, limit=None)
+        witnesses = await read_witnesses(self.witness, self.witness_queue, limit=None)
         if witnesses:
             seen = {alert_id: raw for witness in witnesses for alert_id, raw in witness.alerts.items()}
             settled = await self.store.settle(list(seen), list(seen.values()))
@@ -240,7 +255,7 @@ class Session:
             return
         ids = [alert_id for alert_id, _ in outbox]
         bodies = [body for _, body in outbox]
-        await publish_alerts(self.out, ids, bodies, witness=WITNESS_QUEUE)
+        await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)
         await self.store.mark_sent(ids, bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 
@@ -249,7 +264,7 @@ class Session:
         in flight (confirmed, not yet marked): that one and the rest go back to the queue.
         Runs beside the cycles, right after a compaction proved this engine still the owner."""
         try:
-            witnesses = await read_witnesses(self.witness)
+            witnesses = await read_witnesses(self.witness, self.witness_queue)
             if not witnesses:
                 return
             pending = await self.store.pending_among([a for witness in witnesses for a in witness.alerts])

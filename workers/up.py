@@ -5,7 +5,8 @@ workers (per `mode`: the engine, or the per-order reference's aggregator and boo
 lookout, one deliverer per configured channel and the trace recorder, until SIGTERM or
 Ctrl-C (a clean exit 0). With `--aggregators N` / `--book-workers M` those two roles run
 as N and M child processes (`aldebaran run KIND`) instead, to use more than one core; a
-child that dies unexpectedly is restarted, as systemd would.
+child that dies unexpectedly is restarted, as systemd would. Partitioned engines
+(`[engine] partitions`) always run as children, one per partition at least.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ def build_workers(settings: Settings, tracer: bool = True, aggregators: int = 0,
                   book_workers: int = 0) -> list[Any]:
     """The workers `up` runs for these settings, in start order."""
     aggregator_kind, books_kind = MODE_KINDS[settings.mode]
-    if aggregator_kind is None:  # the engine: one role
+    if aggregator_kind is None:  # the engine: one role, one child per partition when partitioned
         aggregators = 0
+        if settings.engine.partitions > 1:
+            book_workers = max(book_workers, settings.engine.partitions)
     kinds = ([] if aggregators or aggregator_kind is None else [aggregator_kind])
     kinds += ([] if book_workers else [books_kind]) + ["lookout"] + (["tracer"] if tracer else [])
     workers = [_module(kind).build(settings) for kind in kinds if _module(kind)]
@@ -86,6 +89,9 @@ class ChildProcesses:
         env.pop("WATCHDOG_PID", None)
         env["NOTIFY_SOCKET"] = notify_path
         env["ALDEBARAN_MODE"] = self.settings.mode
+        partitions = self.settings.engine.partitions
+        if kind == "engine" and partitions > 1:  # children beyond the partitions stand by for one
+            env["ALDEBARAN_ENGINE__PARTITION"] = str(index % partitions)
         return env
 
     async def _spawn(self, slot: int, notify_path: str) -> asyncio.subprocess.Process:

@@ -35,6 +35,9 @@ class TradeLimits:
         # Keyed by identity: `at` is unused (its default keeps one-argument callers working).
         return event.order_id
 
+    def partition_key(self, event: TradeEvent) -> str:
+        return event.order_id
+
     def event_id(self, event: TradeEvent) -> str:
         # Within one book the request's id is the book's key, so every request of the book is
         # "the request": "" (no purchase id is empty). Purchases count by their own id. Two id

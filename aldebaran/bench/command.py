@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the bench's modules load when the command runs
     from aldebaran.bench.workload import Workload
     from aldebaran.io.publisher import Body
 
-SYSTEMS = ("raw", "handwritten", "bytewax", "engine")
+SYSTEMS = ("raw", "handwritten", "bytewax", "engine", "engine2")
 WORKLOADS = ("msgpack", "json", "alert-heavy", "sustained", "paced")
 NAMES = {"raw": "raw broker ceiling (consume + ack)", "handwritten": "hand-written batched pika consumer",
          "bytewax": "Bytewax 0.21, keyed stateful_map, 1 worker"}
@@ -160,9 +160,9 @@ async def _workload(settings: Settings, args: argparse.Namespace, systems: list[
         runs: list[Drain] = []
         for _ in range(args.rounds):
             with Place(settings) as place:
-                if system == "engine":
+                if system in ("engine", "engine2"):  # engine2: two partitioned engine processes
                     runs.append(await engine_drain(place, bodies, events, ttl=args.ttl, workdir=workdir,
-                                                   delivery=delivery))
+                                                   delivery=delivery, processes=2 if system == "engine2" else 1))
                 else:
                     runs.append(await peer_drain(place, system, NAMES[system], bodies, events, workdir))
             print(f"  {label}: {runs[-1].name}: {runs[-1].rate:,.0f} events/s", flush=True)

@@ -135,33 +135,36 @@ async def peer_drain(place: Place, kind: str, name: str, bodies: Sequence[Body],
 
 
 async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl: float, workdir: Path,
-                       delivery: bool = False, env: dict[str, str] | None = None) -> Drain:
+                       delivery: bool = False, env: dict[str, str] | None = None, processes: int = 1) -> Drain:
     """`aldebaran run engine` draining the fill; with `delivery`, the lookout and two channel
-    workers (queue-api and amqp) run beside it and the alerts are counted where they land."""
+    workers (queue-api and amqp) run beside it and the alerts are counted where they land.
+    With `processes` > 1, that many partitioned engines share the books (docs/engine.md)."""
     from aldebaran.bench.delivery import Delivery
 
-    result = Drain("engine, 1 process" + (" (+ lookout, queue-api and amqp channels)" if delivery else ""))
+    plural = "process" if processes == 1 else "processes, partitioned"
+    result = Drain(f"engine, {processes} {plural}" + (" (+ lookout, queue-api and amqp channels)" if delivery else ""))
     await fill(place, bodies)
     received: Counter[str] = Counter()
     seen: list[float] = []
     connection = await tap(place, received, seen)
-    port = free_ports(1)
-    full_env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning", **(env or {}))
+    full_env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning",
+                         ALDEBARAN_ENGINE__PARTITIONS=str(processes), **(env or {}))
     extra = Delivery(place, workdir, full_env) if delivery else None
     meter = CpuMeter()
-    worker: asyncio.subprocess.Process | None = None
+    workers: list[asyncio.subprocess.Process] = []
     try:
         if extra is not None:
             await extra.start()
-        ready = ReadySocket(workdir / f"notify-{place.vhost}")
-        with open(workdir / f"engine-{place.vhost}.log", "wb") as logs:  # the engine keeps its own copy
-            worker = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
-                env=dict(extra.env if extra else full_env, NOTIFY_SOCKET=str(ready.path)), stdout=logs, stderr=logs)
-        await ready.wait(worker)
-        meter.start([worker.pid, *(extra.pids if extra else [])])
+        ports = [free_ports(1) for _ in range(processes)]
+        # Started at once; the clock runs from the first that consumes (the others' start counts).
+        starts = [asyncio.ensure_future(_start_engine(place, workdir, port, partition, workers,
+                                                      extra.env if extra else full_env))
+                  for partition, port in enumerate(ports)]
+        await next(asyncio.as_completed(starts))
+        meter.start([*(w.pid for w in workers), *(extra.pids if extra else [])])  # every engine is spawned
         started = time.monotonic()
-        result.seconds = await _processed(port, worker, events) - started
+        await asyncio.gather(*starts)
+        result.seconds = await _processed(ports, workers, events) - started
         result.cpu = meter.stop()
         result.events = events
         finished = time.monotonic()
@@ -182,16 +185,29 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
         elif seen:
             result.last_alert_after = max(seen) - finished
     finally:
-        if worker is not None:
-            await stop_process(worker)
+        await asyncio.gather(*(stop_process(worker) for worker in workers))
         if extra is not None:
             await extra.stop()  # the lookout and channels too, whatever failed on the way
         await connection.close()
     return result
 
 
-async def _processed(port: int, worker: asyncio.subprocess.Process, events: int, stall: float = 120.0) -> float:
-    """Poll the engine's book-event counter until it reaches `events`; when it did (monotonic).
+async def _start_engine(place: Place, workdir: Path, port: int, partition: int,
+                        workers: list[asyncio.subprocess.Process], env: dict[str, str]) -> None:
+    """One engine process (owning `partition` when partitioned) in `workers`; returns once it consumes."""
+    ready = ReadySocket(workdir / f"notify-{place.vhost}-{partition}")
+    with open(workdir / f"engine-{place.vhost}-{partition}.log", "wb") as logs:  # the engine keeps its own copy
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
+            env=dict(env, NOTIFY_SOCKET=str(ready.path), ALDEBARAN_ENGINE__PARTITION=str(partition)),
+            stdout=logs, stderr=logs)
+    workers.append(worker)
+    await ready.wait(worker)
+
+
+async def _processed(ports: list[int], workers: list[asyncio.subprocess.Process], events: int,
+                     stall: float = 120.0) -> float:
+    """Poll the engines' book-event counters until their sum reaches `events`; when it did (monotonic).
     A counter that stands still for `stall` seconds is an error, not a wait forever.
 
     Polls are spaced by half the time the rate so far says is left (at least `POLL_SECONDS`,
@@ -199,12 +215,13 @@ async def _processed(port: int, worker: asyncio.subprocess.Process, events: int,
     second were ~4 % of its samples, taken from the run being measured."""
     last, moved, started = -1.0, time.monotonic(), time.monotonic()
     while True:
-        done = total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total")
+        done = total(await asyncio.to_thread(scrape, ports), "aldebaran_book_events_total")
         now = time.monotonic()
         if done >= events:
             return now
-        if worker.returncode is not None:
-            raise RuntimeError(f"the engine exited with {worker.returncode}")
+        for worker in workers:
+            if worker.returncode is not None:
+                raise RuntimeError(f"the engine exited with {worker.returncode}")
         if done != last:
             last, moved = done, now
         elif now - moved > stall:

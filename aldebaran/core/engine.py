@@ -25,6 +25,7 @@ from typing import Any
 
 from aldebaran.core.book_store import BookStore, RuleFailure
 from aldebaran.core.done_markers import DoneDelta
+from aldebaran.core.partitions import Partitioning
 from aldebaran.core.rule import Alert, Rule
 from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_record
 
@@ -44,6 +45,8 @@ class Cycle:
     kinds: Counter[type] = field(default_factory=Counter)  # events consumed per event class
     conflicts: list[tuple[str, str, str]] = field(default_factory=list)  # (app, key, event id)
     close_failures: list[RuleFailure] = field(default_factory=list)  # a rule raised closing a book
+    handovers: dict[int, bytes] = field(default_factory=dict)  # partition -> its events' handover body
+    handed_over: int = 0  # events handed to other partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,15 @@ class Compaction:
     clock_ms: int
     done: DoneDelta
     trim: int
+
+
+@dataclass(slots=True)
+class HandoverRefused:
+    """A handover this engine cannot take (unreadable, or sent by an engine partitioned differently)."""
+
+    reason: str
+    raw: bytes = b""
+    log_key: str = "handover refused"
 
 
 @dataclass(slots=True)
@@ -81,7 +93,7 @@ class Engine:
     """Books of every configured rule, driven cycle by cycle."""
 
     def __init__(self, rules: Sequence[Rule[Any]], default_ttl: float, done_retention: float,
-                 done_cap: int, max_message_bytes: int) -> None:
+                 done_cap: int, max_message_bytes: int, partitioning: Partitioning | None = None) -> None:
         if not rules:
             raise ValueError("an engine needs at least one rule")
         self.rules = list(rules)
@@ -90,6 +102,7 @@ class Engine:
         self.max_bytes = max_message_bytes
         self.longest_ttl_ms = int(max(self.books.ttl.values()) * 1000)
         self.wal = WalIndex()
+        self.partitioning = partitioning  # None: this engine owns every book
         self.last_stamp_ms = 0  # the newest cycle stamp applied
         self.resume_at_ms = 0  # the newest pipeline time restored: the clock restarts here
 
@@ -110,7 +123,7 @@ class Engine:
             # The record keeps the cycle's stamp and only the messages that held an event: the
             # rest changes no book on replay, and a flood of junk (each message up to the
             # broker's size limit) must not fill Redis.
-            logged = self._apply(messages, out, now, self.last_stamp_ms)
+            logged = self._apply(messages, out, now, self.last_stamp_ms, hand_over=True)
             out.record = encode_record(WalRecord(self.last_stamp_ms, logged))
             self.wal.appended(self.last_stamp_ms)
         out.conflicts, self.books.conflicts = self.books.conflicts, []
@@ -124,32 +137,59 @@ class Engine:
         self.books.conflicts.clear()
         self.wal.appended(record.stamp_ms)
 
-    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int) -> list[WalMessage]:
-        """Apply the messages' events; the messages that held any (what the log must keep)."""
+    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int,
+               hand_over: bool = False) -> list[WalMessage]:
+        """Apply the messages' events; the messages that held any (what the log must keep).
+        With `hand_over`, the events of other partitions' books go to `out.handovers` (a
+        replay skips them: they were handed over before the messages were acked)."""
         at = stamp_ms / 1000.0
-        decode, dead_letters, max_bytes, rules = self.codec.decode, self.codec.dead_letters, self.max_bytes, self.rules
-        offer_many, fired = self.books.offer_many, out.alerts
+        offer_many, fired, rules = self.books.offer_many, out.alerts, self.rules
+        foreign: dict[int, list[Any]] = {}
         logged: list[WalMessage] = []
         for index, message in enumerate(messages):
-            decoded = decode(message.body, message.content_type or None, max_bytes)
-            if decoded.rejects:
-                out.rejects += [(index, reject) for reject in dead_letters(decoded, message.body)]
-            events = decoded.events
+            events = self._events(index, message, out)
             if not events:
                 continue
             logged.append(message)
-            out.events += len(events)
-            out.kinds.update(map(type, events))
-            for rule in rules:  # a lone rule is asked too: the daily limit takes purchases only
-                accepts = rule.accepts
-                accepted = [e for e in events if accepts(e)]
+            for rule, accepted in zip(rules, self._share(events, message.handed_over, foreign), strict=True):
                 applied, duplicate, late = offer_many(rule.name, accepted, at, now, fired)
                 out.applied += applied
                 out.duplicate += duplicate
                 out.late += late
             if self.books.failures:
                 out.rejects.append((index, RuleReject.of(self.books.take_failures())))
+        if hand_over and foreign and self.partitioning is not None:
+            out.handovers = {owner: self.partitioning.handover(events) for owner, events in foreign.items()}
+            out.handed_over = sum(map(len, foreign.values()))
         return logged
+
+    def _events(self, index: int, message: WalMessage, out: Cycle) -> list[Any]:
+        """One message's events: decoded from the ingress (its unreadable elements to
+        `out.rejects`), or taken over from another partition."""
+        if message.handed_over:
+            try:
+                if self.partitioning is None:
+                    raise ValueError("a handover reached an engine that is not partitioned")
+                return self.partitioning.taken_over(message.body)
+            except ValueError as exc:
+                out.rejects.append((index, HandoverRefused(str(exc)[:1000])))
+                return []
+        decoded = self.codec.decode(message.body, message.content_type or None, self.max_bytes)
+        if decoded.rejects:
+            out.rejects += [(index, reject) for reject in self.codec.dead_letters(decoded, message.body)]
+        events: list[Any] = decoded.events
+        out.events += len(events)
+        out.kinds.update(map(type, events))
+        return events
+
+    def _share(self, events: list[Any], handed_over: bool, foreign: dict[int, list[Any]]) -> list[list[Any]]:
+        """Per rule, the events of its books that this engine owns; the rest into `foreign`."""
+        if self.partitioning is None:  # a lone rule is asked too: the daily limit takes purchases only
+            return [[e for e in events if rule.accepts(e)] for rule in self.rules]
+        routed = self.partitioning.route(events, handed_over)
+        for owner, theirs in routed.foreign.items():
+            foreign.setdefault(owner, []).extend(theirs)
+        return routed.own
 
     def restore_done(self, image: DoneImage) -> None:
         """Start from the done markers of the last compaction (before replaying the log)."""

@@ -90,6 +90,9 @@ class Rule(Protocol, Generic[State]):
         from a clock the rule would have to read itself. Rules keyed by identity ignore it.
         """
 
+    # Optional, for partitioned engines: `partition_key(event) -> str`, what `key` is built on
+    # without time (an order, a client); absent, `key(event, 0.0)` (docs/engine.md, "Scaling out").
+
     def event_id(self, event: Event) -> str:
         """The identity an event counts once by, however often it is delivered: unique among
         the events of one book (it is only ever compared within the book `key` names)."""

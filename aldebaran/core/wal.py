@@ -26,6 +26,7 @@ from aldebaran.core.done_markers import DoneGroup
 class WalMessage(msgspec.Struct, array_like=True, gc=False):
     content_type: str  # "" when the message had none
     body: bytes
+    handed_over: bool = False  # a handover from another partition's engine (not the ingress)
 
 
 class WalRecord(msgspec.Struct, array_like=True, gc=False):

@@ -37,12 +37,19 @@ class _Id(msgspec.Struct):
 _id_decoder = msgspec.json.Decoder(_Id)
 
 
+def witness_queue(settings: Settings) -> str:
+    """The engine's witness queue; partitioned engines keep one each (each settles its own outbox)."""
+    engine = settings.engine
+    return WITNESS_QUEUE if engine.partitions == 1 else f"{WITNESS_QUEUE}.{engine.partition}"
+
+
 async def declare_witness(channel: aiormq.abc.AbstractChannel, settings: Settings) -> None:
     """The witness queue, bound to the alert exchange under its own name."""
     # No delivery limit on a quorum witness queue: a witness returned by trims must never be dropped.
     arguments: FieldTable = {"x-queue-type": "quorum"} if settings.queue_type == "quorum" else {}
-    await channel.queue_declare(WITNESS_QUEUE, durable=True, arguments=arguments)
-    await channel.queue_bind(WITNESS_QUEUE, ALERT, routing_key=WITNESS_QUEUE)
+    queue = witness_queue(settings)
+    await channel.queue_declare(queue, durable=True, arguments=arguments)
+    await channel.queue_bind(queue, ALERT, routing_key=queue)
 
 
 class Witness(NamedTuple):
@@ -52,12 +59,13 @@ class Witness(NamedTuple):
     alerts: dict[str, bytes]  # alert id -> its JSON
 
 
-async def read_witnesses(channel: aiormq.abc.AbstractChannel, limit: int | None = TRIM_READ) -> list[Witness]:
+async def read_witnesses(channel: aiormq.abc.AbstractChannel, queue: str,
+                         limit: int | None = TRIM_READ) -> list[Witness]:
     """The witness messages in queue order (at most `limit`; None: all), unacked (the caller
     acks or returns them)."""
     witnesses: list[Witness] = []
     while limit is None or len(witnesses) < limit:
-        message = await channel.basic_get(WITNESS_QUEUE, no_ack=False)
+        message = await channel.basic_get(queue, no_ack=False)
         if not isinstance(message.delivery, spec.Basic.GetOk):
             break
         alerts: dict[str, bytes] = {}

@@ -41,17 +41,18 @@ class EngineStore:
     """One engine's view of its Redis state, under the deployment's key prefix."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, token: str, lease_ms: int, retention_seconds: int,
-                 replicas: Replicas = Replicas()) -> None:
+                 replicas: Replicas = Replicas(), partition: int | None = None) -> None:
         self.redis = redis
         self.keys = keys
         self.token = token
         self.lease_ms = lease_ms
         self.retention = retention_seconds
         self.replicas = replicas
-        self._owner, self._wal = keys.engine("owner"), keys.engine("wal")
-        self._done, self._pending = keys.engine("done"), keys.engine("pending")  # `done`: the one-blob image of before
-        self._done_groups, self._done_clock = keys.engine("done-groups"), keys.engine("done-clock")
-        self._last_op = keys.engine("last-op")
+        key = lambda part: keys.engine(part, partition)  # noqa: E731 - the partition's own keys
+        self._owner, self._wal = key("owner"), key("wal")
+        self._done, self._pending = key("done"), key("pending")  # `done`: the one-blob image of before
+        self._done_groups, self._done_clock = key("done-groups"), key("done-clock")
+        self._last_op = key("last-op")
         self._ops = 0
         self._commit = redis.register_script(_COMMIT)
         self._mark = redis.register_script(_MARK_SENT)

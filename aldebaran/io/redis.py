@@ -268,9 +268,11 @@ class Keys:
     def recent_alerts(self) -> str:
         return f"{self.prefix}:recent-alerts"
 
-    def engine(self, part: str) -> str:
-        """The engine's durable state: `owner` (the lease), `wal`, `done`, `pending` (the outbox), `last-op`."""
-        return f"{self.prefix}:engine:{part}"
+    def engine(self, part: str, partition: int | None = None) -> str:
+        """The engine's durable state: `owner` (the lease), `wal`, `done`, `pending` (the outbox), `last-op`;
+        with partitioned engines, each partition's own (`partition`)."""
+        scope = "" if partition is None else f"p{partition}:"
+        return f"{self.prefix}:engine:{scope}{part}"
 
     def pull_queue(self, queue: str) -> str:
         """Root of the AweQ-style pull queue's keys."""
