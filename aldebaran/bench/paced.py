@@ -1,8 +1,9 @@
 """The paced run: the engine at a fixed offered rate, with publish->book and publish->alert latencies.
 
-The publisher stamps every message with its publish time (`x-aldebaran-published-ms`); the
-engine, given a samples directory, records wall-clock latency per message when its cycle
-committed (book) and per alert when the batch holding it was confirmed (alert).
+The publisher (a process of its own: `paced_publisher`) stamps every message with its publish
+time (`x-aldebaran-published-ms`); the engine, given a samples directory, records wall-clock
+latency per message when its cycle committed (book) and per alert when the batch holding it
+was confirmed (alert).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 
 from aldebaran.bench.environment import CpuMeter, Place, free_ports, stop_process
 from aldebaran.bench.metrics_scrape import scrape, total
+from aldebaran.bench.paced_publisher import write_bodies
 from aldebaran.bench.workload import Workload
 from aldebaran.io.latency_samples import read_samples
-from aldebaran.io.publisher import publish_bodies
+from aldebaran.io.publisher import Body
 
 
 @dataclass
@@ -29,6 +31,20 @@ class Paced:
     seconds: float = 0.0
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # stage -> p50/p95/p99/max (ms)
     cpu: dict[str, float] = field(default_factory=dict)
+
+
+def _offered(workload: Workload, events: float) -> list[Body]:
+    """Relabelled rounds of the workload's bodies, cut at `events`."""
+    bodies: list[Body] = []
+    count = 0
+    for index in range(workload.max_rounds):
+        for position in range(len(workload.bodies)):
+            if count >= events:
+                return bodies
+            body = workload.round_body(index, position)
+            bodies.append(body)
+            count += body.events
+    return bodies
 
 
 def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
@@ -49,7 +65,8 @@ def percentiles(samples: list[tuple[float, float]]) -> dict[str, float]:
 
 
 async def paced(place: Place, workload: Workload, rate: float, seconds: float, ttl: float, workdir: Path) -> Paced:
-    """Publish relabelled rounds at `rate` events/s for `seconds`; the engine consumes as they come."""
+    """Publish relabelled rounds at `rate` events/s for `seconds` (a publisher process of its
+    own, `paced_publisher`); the engine consumes as they come."""
     result = Paced(f"engine, paced at {rate:,.0f} events/s offered in {workload.batch}-event messages", rate)
     samples = tempfile.mkdtemp(prefix="aldebaran-bench-", dir=workdir)
     port = free_ports(1)
@@ -62,15 +79,18 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
         while not scrape([port]):
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)  # consuming: the metrics server starts before the session
+        source = Path(samples) / "bodies.msgpack"
+        write_bodies(source, _offered(workload, rate * seconds))
         meter = CpuMeter()
         meter.start([worker.pid])
-        started, published = time.monotonic(), 0
-        for index in range(workload.max_rounds):
-            bodies = workload.round_bodies(index)
-            report = await publish_bodies(place.settings(), bodies, rate=rate)
-            published += report.events
-            if time.monotonic() - started >= seconds:
-                break
+        started = time.monotonic()
+        publisher = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aldebaran.bench.paced_publisher", str(source), str(rate),
+            env=place.env(ALDEBARAN_LOG_LEVEL="warning"), stdout=asyncio.subprocess.PIPE)
+        out, _ = await publisher.communicate()
+        if publisher.returncode != 0:
+            raise RuntimeError(f"the paced publisher exited with {publisher.returncode}")
+        published = int(out.split()[-1])
         while total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total") < published:
             await asyncio.sleep(0.1)
         result.seconds = time.monotonic() - started
