@@ -76,6 +76,9 @@ class ChannelWorker:
         self._arrived = asyncio.Event()
         self._retrying: set[asyncio.Task[None]] = set()
         self._holding: dict[str, asyncio.Future[None]] = {}  # alert id -> the round sending its first copy
+        # Half the send window: a round's size, and a chunk's (one chunk's claim and send
+        # overlap the other's wait for answers).
+        self._half_window = max(1, self.config.in_flight // 2)
 
     async def run(self, life: Lifecycle) -> None:
         self._stopping = life.stopping
@@ -132,7 +135,6 @@ class ChannelWorker:
         """
         rounds: set[asyncio.Task[None]] = set()
         depth = asyncio.Semaphore(ROUNDS_IN_FLIGHT)
-        step = max(1, self.config.in_flight // 2)
         while True:
             if not self._delivered:
                 if drained.is_set():
@@ -144,7 +146,7 @@ class ChannelWorker:
             envelopes: list[Envelope] = []
             items: list[Item] = []
             unreadable: list[Unreadable] = []
-            while self._delivered and len(items) < step:  # whole messages, about `step` alerts
+            while self._delivered and len(items) < self._half_window:  # whole messages, about that many alerts
                 envelope, alerts, bad = read(self._delivered.pop(0))
                 envelopes.append(envelope)
                 items += alerts
@@ -199,9 +201,8 @@ class ChannelWorker:
         """First attempts for a round: claim, send, settle per recipient; then settle, park or retry each."""
         for bad in unreadable:
             await self._park(bad.body, bad.reason, bad.message_id, attempts=0)
-        # Chunks of half the window: one chunk's claim and send overlap the other's wait for
-        # answers, and never more than `max_in_flight` sends are under way.
-        step = max(1, self.config.in_flight // 2)
+        # Never more than `max_in_flight` sends under way (each chunk takes its slots).
+        step = self._half_window
         for target in self._sink.targets:
             live = [item for item in firsts.values() if not item.failed]
             outcomes = await asyncio.gather(*(self._attempt(live[start:start + step], target)
