@@ -127,11 +127,8 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     step("finding unaudited windows")
     gaps = gaps_mod.unaudited_windows(inp.slim, inp.vhosts, opts.since_ms, opts.until_ms)
     step("applying CONTRACT §1 per order")
-    msgpack = any(c["msgpack_messages"] for c in inp.counts.values())
-    walked = meaning.books_and_junk(records.elements(inp.slim, msgpack), int(opts.book_ttl_s * 1000))
-    walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
+    walked = _walk(inp, opts, step)
     books = walked.where(F.col("order_id").isNotNull())
-    stats.add_element_junk(inp.counts, walked.where(F.col("order_id").isNull()))  # the action that walks
     pubs = records.alert_publishes(inp.slim)
     pub_stats = pubs.groupBy("vhost", "alert_id").agg(
         F.count("*").alias("publishes"), F.min("ts").alias("first_publish_ts"),
@@ -153,6 +150,23 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     latency = stats.latency(per_order)
     return AuditResult(per_order, per_channel, findings, pubs, inp.vhosts, gaps, counts, inp.files, latency,
                        in_doubt)
+
+
+def _walk(inp: _Input, opts: AuditOptions, step: Step) -> DataFrame:
+    """CONTRACT §1 per order (cached), the junk counted into `inp.counts`. Trade bodies are split
+    in the Python workers; when some need Spark's own parser (`bodies`), the walk runs again
+    with it, so those are read exactly as before."""
+    ttl_ms = int(opts.book_ttl_s * 1000)
+    walked = meaning.books_and_junk(records.elements(inp.slim), ttl_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    junk = stats.element_junk(walked.where(F.col("order_id").isNull()))  # the action that walks
+    if any(deferred for _, _, deferred in junk.values()):
+        step("reading bodies that are not strict JSON with Spark's parser")
+        walked.unpersist()
+        walked = meaning.books_and_junk(records.elements(inp.slim, spark_parser=True), ttl_ms)
+        walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
+        junk = stats.element_junk(walked.where(F.col("order_id").isNull()))
+    stats.add_element_junk(inp.counts, junk)
+    return walked
 
 
 def _listed(spark: SparkSession, in_doubt: InDoubtList | None, vhosts: list[str]) -> DataFrame | None:

@@ -23,11 +23,14 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from spark_analytics.bodies import DEFERRED
+
 SUM_CAP = 4 * 10**18  # running sums saturate here: never an overflow, still "over" any request
 _KEYS = ["vhost", "order_id", "etype", "event_id", "ts", "idx", "shares"]
 BOOK_SCHEMA = ("vhost string, order_id string, copies long, events long, first_ts long, close_ts long, "
                "late_events long, edge_ms long, requested_shares long, request_ts long, purchased_shares long, "
-               "purchase_count long, crossing_ts long, crossing_id string, unreadable long, rejected long")
+               "purchase_count long, crossing_ts long, crossing_id string, unreadable long, rejected long, "
+               "deferred long")
 
 
 def _changed(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -114,6 +117,7 @@ def book_walk(t: pa.Table, book_ttl_ms: int) -> pa.RecordBatch:
         "purchase_count": np.bincount(bgid, minlength=groups),
         "crossing_ts": pa.array(ts[cross_at], mask=~has_cross),
         "unreadable": np.zeros(groups, dtype=np.int64), "rejected": np.zeros(groups, dtype=np.int64),
+        "deferred": np.zeros(groups, dtype=np.int64),
         "crossing_id": pc.if_else(pa.array(has_cross), t["event_id"].take(pa.array(rows[cross_at])).combine_chunks(),
                                   pa.scalar(None, pa.string())),
     }, schema=_BOOK_ARROW)
@@ -124,13 +128,16 @@ _BOOK_ARROW = pa.schema([(f.split()[0], pa.string() if f.split()[1] == "string" 
 
 
 def _junk(t: pa.Table) -> pa.RecordBatch:
-    """One row per vhost: elements rejected, and messages with no element (idx null)."""
-    g = t.group_by("vhost").aggregate([("idx", "count"), ([], "count_all")])
+    """One row per vhost: elements rejected, messages with no element (idx null), and bodies
+    left to Spark's parser (idx DEFERRED, `records.elements`)."""
+    t = t.append_column("deferred", pc.equal(t["idx"], DEFERRED).cast(pa.int64()))
+    g = t.group_by("vhost").aggregate([("idx", "count"), ([], "count_all"), ("deferred", "sum")])
     n = g.num_rows
     cols: dict[str, object] = {f.name: pa.nulls(n, f.type) for f in _BOOK_ARROW}
-    rejected = g["idx_count"].to_numpy()
-    cols.update(vhost=g["vhost"].combine_chunks(), rejected=rejected,
-                unreadable=g["count_all"].to_numpy() - rejected)
+    deferred = pc.fill_null(g["deferred_sum"], 0).to_numpy()
+    with_idx = g["idx_count"].to_numpy()
+    cols.update(vhost=g["vhost"].combine_chunks(), rejected=with_idx - deferred, deferred=deferred,
+                unreadable=g["count_all"].to_numpy() - with_idx)
     return pa.RecordBatch.from_pydict(cols, schema=_BOOK_ARROW)
 
 

@@ -29,6 +29,9 @@ def spark_session(master: str | None = None, app_name: str = "aldebaran-audit", 
         # ANSI mode would turn a stray one into a failed job instead of a counted reject.
         .config("spark.sql.ansi.enabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Trade rows hold whole bodies (a 1000-event batch is ~90 kB): bound the Arrow batches
+        # sent to the Python workers by bytes, not only by rows.
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(32 << 20))
         # The cached record frame is read a few times and dropped: trying dictionary and
         # run-length encodings on every value while building it cost more than it saved.
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")

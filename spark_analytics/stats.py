@@ -83,13 +83,21 @@ def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     return out, corrupt
 
 
-def add_element_junk(counts: dict[str, dict[str, int]], junk: DataFrame) -> None:
-    """Trade messages with no element and rejected elements, as the per-order pass counted them
-    (`junk`: vhost, unreadable, rejected; `meaning.books_and_junk`)."""
-    for r in junk.groupBy("vhost").agg(F.sum("unreadable").alias("u"), F.sum("rejected").alias("r")).collect():
-        c = counts.setdefault(r["vhost"], empty_counts())
-        c["trade_unreadable"] += int(r["u"] or 0)
-        c["trade_elements_rejected"] += int(r["r"] or 0)
+def element_junk(junk: DataFrame) -> dict[str, tuple[int, int, int]]:
+    """Per vhost: trade messages with no element, rejected elements, and bodies left to Spark's
+    parser, as the per-order pass counted them (`junk`: vhost, unreadable, rejected, deferred;
+    `meaning.books_and_junk`)."""
+    sums = junk.groupBy("vhost").agg(*[F.sum(c).alias(c) for c in ("unreadable", "rejected", "deferred")])
+    return {r["vhost"]: (int(r["unreadable"] or 0), int(r["rejected"] or 0), int(r["deferred"] or 0))
+            for r in sums.collect()}
+
+
+def add_element_junk(counts: dict[str, dict[str, int]], junk: dict[str, tuple[int, int, int]]) -> None:
+    """`element_junk`'s counts added to the record counts."""
+    for vhost, (unreadable, rejected, _) in junk.items():
+        c = counts.setdefault(vhost, empty_counts())
+        c["trade_unreadable"] += unreadable
+        c["trade_elements_rejected"] += rejected
 
 
 def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataFrame, per_order: DataFrame,

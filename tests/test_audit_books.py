@@ -9,6 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_analytics.bodies import DEFERRED
 from spark_analytics.meaning import SUM_CAP, _walk_partition, book_walk
 
 TTL = 700
@@ -53,7 +54,7 @@ def spark_sorted(events: list[Event]) -> pa.Table:
 def walked(batch: pa.RecordBatch | pa.Table) -> dict[tuple[str, str], dict[str, Any]]:
     rows = {(r.pop("vhost"), r.pop("order_id")): r for r in batch.to_pylist()}
     for r in rows.values():
-        assert r.pop("unreadable") == 0 and r.pop("rejected") == 0
+        assert r.pop("unreadable") == 0 and r.pop("rejected") == 0 and r.pop("deferred") == 0
     return rows
 
 
@@ -97,12 +98,12 @@ def test_events_of_one_time_are_walked_in_message_order() -> None:
 
 def test_elements_that_are_not_events_are_counted_per_deployment_not_walked() -> None:
     good = spark_sorted([("/", "o", "request", "o", 0, 0, 5), ("/", "o", "purchase", "p", 1, 0, 9)])
-    junk = pa.table({"vhost": ["/", "b", "b"], "order_id": pa.nulls(3, pa.string()), "etype": pa.nulls(3, pa.string()),
-                     "event_id": pa.nulls(3, pa.string()), "ts": [5, 5, 6], "idx": [None, 3, 0],
-                     "shares": pa.nulls(3, pa.int64()), "valid": [False, False, False]})
+    junk = pa.table({"vhost": ["/", "b", "b", "b"], "order_id": pa.nulls(4, pa.string()),
+                     "etype": pa.nulls(4, pa.string()), "event_id": pa.nulls(4, pa.string()), "ts": [5, 5, 6, 7],
+                     "idx": [None, 3, 0, DEFERRED], "shares": pa.nulls(4, pa.int64()), "valid": [False] * 4})
     batches = [*good.slice(0, 1).to_batches(), *junk.to_batches(), *good.slice(1).to_batches()]
     out = pa.Table.from_batches(list(_walk_partition(TTL)(iter(batches)))).to_pylist()
-    counted = {r["vhost"]: (r["unreadable"], r["rejected"]) for r in out if r["order_id"] is None}
-    assert counted == {"/": (1, 0), "b": (0, 2)}
+    counted = {r["vhost"]: (r["unreadable"], r["rejected"], r["deferred"]) for r in out if r["order_id"] is None}
+    assert counted == {"/": (1, 0, 0), "b": (0, 2, 1)}, "a body left to Spark's parser is neither"
     (order,) = [r for r in out if r["order_id"] is not None]
     assert order["purchased_shares"] == 9 and order["crossing_id"] == "p" and order["copies"] == 2
