@@ -87,26 +87,44 @@ def _per_vhost(vhost: Column, values: dict[str, int], default: int = 0) -> Colum
     return out
 
 
-def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
-    """Read and decode every trace line once (cached), count damage, name the deployments."""
-    margin = int((opts.book_ttl_s + opts.grace_s + opts.delivery_grace_s) * 1000)
-    read_from = None if opts.since_ms is None else opts.since_ms - margin
-    read_to = None if opts.until_ms is None else opts.until_ms + margin
-    files = traces.part_files(opts.traces_dir, read_from, read_to)
-    step(f"reading and decoding {len(files)} part files (JSON, text form, batches, msgpack)")
-    slim = records.decode(traces.read_raw(spark, files, read_from, read_to), opts.max_message_bytes)
+def _read(spark: SparkSession, opts: AuditOptions, files: list[str], span: tuple[int | None, int | None],
+          damaged: bool) -> tuple[DataFrame, dict[str, dict[str, int]], int]:
+    """The cached record frame, its counts and corrupt lines (see `traces.read_raw` for `damaged`)."""
+    slim = records.decode(traces.read_raw(spark, files, *span, damaged=damaged), opts.max_message_bytes)
     if opts.vhosts:
         slim = slim.where(F.col("vhost").isin(*opts.vhosts) | F.col("vhost").isNull())
     slim = slim.persist(StorageLevel.MEMORY_AND_DISK)
-    counts, corrupt = stats.record_counts(slim)   # the action that fills the cache
+    try:
+        counts, corrupt = stats.record_counts(slim)   # the action that fills the cache
+    except Exception:
+        slim.unpersist()
+        raise
+    return slim, counts, corrupt
+
+
+def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
+    """Read and decode every trace line once (cached), count damage, name the deployments."""
+    margin = int((opts.book_ttl_s + opts.grace_s + opts.delivery_grace_s) * 1000)
+    span = (None if opts.since_ms is None else opts.since_ms - margin,
+            None if opts.until_ms is None else opts.until_ms + margin)
+    files = traces.part_files(opts.traces_dir, *span)
+    step(f"reading and decoding {len(files)} part files (JSON, text form, batches, msgpack)")
+    torn: list[tuple[str, int, int]] = []
+    try:
+        with traces.quiet(spark):
+            slim, counts, corrupt = _read(spark, opts, files, span, damaged=False)
+    except Exception as exc:  # anything but damage is raised again
+        if not traces.is_damaged_read(exc):
+            raise
+        step("a part file's gzip stream breaks off: reading up to the damage, checking every file's tail")
+        slim, counts, corrupt = _read(spark, opts, files, span, damaged=True)
+        torn = traces.torn_tails(spark, files)
     if any(c["trace_rerecorded"] for c in counts.values()):
         step("dropping records re-recorded after a recorder crash")
         deduped = traces.drop_rerecorded(slim).persist(StorageLevel.MEMORY_AND_DISK)
         counts, corrupt = stats.record_counts(deduped)
         slim.unpersist()
         slim = deduped
-    step("checking part files for torn gzip tails")
-    torn = traces.torn_tails(spark, files)
     vhosts = sorted(set(counts) | set(opts.vhosts)) or []
     end_ts = {v: c.pop("last_ts", 0) or 0 for v, c in counts.items()}
     for v in vhosts:
