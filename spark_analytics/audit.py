@@ -145,15 +145,11 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     step("finding unaudited windows")
     gaps = gaps_mod.unaudited_windows(inp.slim, inp.vhosts, opts.since_ms, opts.until_ms)
     step("applying CONTRACT §1 per order")
-    walked = _walk(inp, opts, step)
-    books = walked.where(F.col("order_id").isNotNull())
     pubs = records.alert_publishes(inp.slim)
-    pub_stats = pubs.groupBy("vhost", "alert_id").agg(
-        F.count("*").alias("publishes"), F.min("ts").alias("first_publish_ts"),
-        F.first("kind", ignorenulls=True).alias("published_kind"),
-        F.first("order_id", ignorenulls=True).alias("published_order_id")).persist(StorageLevel.MEMORY_AND_DISK)
+    alerts = _walk(inp, pubs, opts, step)
+    pub_stats = alerts.where(F.col("publishes") > 0)
     step("comparing expected and published alerts")
-    per_order, order_findings = _orders(books, pub_stats, gaps, inp.end_ts, opts)
+    per_order, order_findings = _orders(alerts, gaps, inp.end_ts, opts)
     step("checking channel deliveries")
     deliveries = records.channel_deliveries(inp.slim)
     seen = {(r["vhost"], r["channel"]) for r in deliveries.select("vhost", "channel").distinct().collect()}
@@ -162,7 +158,7 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     per_channel, channel_findings = _channels(spark, pub_stats, deliveries, names, gaps, inp.end_ts, opts, listed)
     findings = order_findings.unionByName(channel_findings)
     step("latency and counts")
-    counts = stats.judged_counts(inp.counts, inp.slim, books, per_order, per_channel, findings, names)
+    counts = stats.judged_counts(inp.counts, per_order, per_channel, findings, names)
     if in_doubt is not None:
         stats.in_doubt_counts(counts, per_channel, in_doubt)
     latency = stats.latency(per_order)
@@ -170,21 +166,22 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
                        in_doubt)
 
 
-def _walk(inp: _Input, opts: AuditOptions, step: Step) -> DataFrame:
-    """CONTRACT §1 per order (cached), the junk counted into `inp.counts`. Trade bodies are split
+def _walk(inp: _Input, pubs: DataFrame, opts: AuditOptions, step: Step) -> DataFrame:
+    """CONTRACT §1 per order and the alerts expected or published (cached: `published.JUDGED_SCHEMA`
+    rows with an alert id); what the walk counted goes into `inp.counts`. Trade bodies are split
     in the Python workers; when some need Spark's own parser (`bodies`), the walk runs again
     with it, so those are read exactly as before."""
     ttl_ms = int(opts.book_ttl_s * 1000)
-    walked = meaning.books_and_junk(records.elements(inp.slim), ttl_ms).persist(StorageLevel.MEMORY_AND_DISK)
-    junk = stats.element_junk(walked.where(F.col("order_id").isNull()))  # the action that walks
-    if any(deferred for _, _, deferred in junk.values()):
+    walked = meaning.books_and_judged(records.elements(inp.slim), pubs, ttl_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    counted = stats.walk_counts(walked)  # the action that walks
+    if any(c["deferred"] for c in counted.values()):
         step("reading bodies that are not strict JSON with Spark's parser")
         walked.unpersist()
-        walked = meaning.books_and_junk(records.elements(inp.slim, spark_parser=True), ttl_ms)
+        walked = meaning.books_and_judged(records.elements(inp.slim, spark_parser=True), pubs, ttl_ms)
         walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
-        junk = stats.element_junk(walked.where(F.col("order_id").isNull()))
-    stats.add_element_junk(inp.counts, junk)
-    return walked
+        counted = stats.walk_counts(walked)
+    stats.add_walk_counts(inp.counts, counted)
+    return walked.where(F.col("alert_id").isNotNull())
 
 
 def _listed(spark: SparkSession, in_doubt: InDoubtList | None, vhosts: list[str]) -> DataFrame | None:
@@ -196,17 +193,14 @@ def _listed(spark: SparkSession, in_doubt: InDoubtList | None, vhosts: list[str]
         "in_doubt", F.lit(True))
 
 
-def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
+def _orders(alerts: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
             opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
-    """One row per (vhost, alert id) expected or published, with its verdict; and the findings."""
+    """One row per (vhost, alert id) expected or published, with its verdict; and the findings.
+    (`alerts`: the walk's, each with its order's book; `published.judged`.)"""
     ttl_ms, grace_ms = int(opts.book_ttl_s * 1000), int(opts.grace_s * 1000)
-    expected = books.where(F.col("expected_kind").isNotNull()).select(
-        "vhost", F.concat_ws(":", "expected_kind", "order_id").alias("alert_id"), "expected_ts", "trigger_event",
-        F.lit(True).alias("expected"))
-    joined = expected.join(pub_stats, ["vhost", "alert_id"], "full_outer").withColumn(
-        "order_id", F.coalesce(F.regexp_extract("alert_id", r"^[^:]+:(.*)$", 1), F.col("published_order_id")))
-    per = joined.join(books.select("vhost", "order_id", "first_ts", "close_ts", "edge_ms", "requested_shares",
-                                   "purchased_shares", "late_events"), ["vhost", "order_id"], "left")
+    per = alerts.select("vhost", "order_id", "alert_id", "expected_ts", "trigger_event", "first_publish_ts",
+                        "published_kind", "published_order_id", "first_ts", "close_ts", "edge_ms", "requested_shares",
+                        "purchased_shares", "late_events", "expected", "publishes")
     per = per.select(
         "*", F.coalesce("expected", F.lit(False)).alias("should_fire"),
         F.coalesce("publishes", F.lit(0)).alias("n_publishes"),

@@ -197,8 +197,8 @@ def test_the_audit_walks_again_with_sparks_parser_when_a_body_needs_it(spark, tm
     from tests.test_audit import T0, alert, delivery, heartbeats, trade, write_traces
 
     t = T0 + 5_000
-    records_ = heartbeats(T0, T0 + 200_000) + [
-        trade(t, json.dumps(event("R", 10)).encode() + b" trailing"),
+    records_ = [
+        *heartbeats(T0, T0 + 200_000), trade(t, json.dumps(event("R", 10)).encode() + b" trailing"),
         trade(t + 10, [event("R1", 11, "R"), event("R2", 1.5, "R")]),
         alert(t + 20, "over_purchase", "R"), delivery(t + 30, "ops", "over_purchase:R")]
     opts = AuditOptions(traces_dir=str(write_traces(tmp_path / "t", records_)), channels=["ops"])
