@@ -70,6 +70,18 @@ def _group_cumsum(values: np.ndarray, gid: np.ndarray) -> np.ndarray:
     return np.where(rough - rough_off > 8e18, SUM_CAP, np.minimum(exact - offsets, SUM_CAP))
 
 
+def _timeline(gid: np.ndarray, ts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The order sorting rows by (gid, ts, idx), stable (equal keys keep their (type, id) order):
+    one sort of a packed 64-bit key when the spans fit, else numpy's lexsort."""
+    if len(gid) == 0:
+        return np.zeros(0, dtype=np.int64)
+    t0, i0 = int(ts.min()), int(idx.min())
+    ts_span, idx_span = int(ts.max()) - t0 + 1, int(idx.max()) - i0 + 1
+    if (int(gid[-1]) + 1) * ts_span * idx_span >= 2**62:
+        return np.lexsort((idx, ts, gid))
+    return np.argsort((gid * ts_span + (ts - t0)) * idx_span + (idx - i0), kind="stable")
+
+
 def book_walk(t: pa.Table, book_ttl_ms: int) -> pa.RecordBatch:
     """Whole orders' events sorted by (vhost, order_id, etype, event_id, ts, idx, shares) to one
     row per order (BOOK_SCHEMA). The first copy of each (type, id) counts; a stable sort by
@@ -83,7 +95,7 @@ def book_walk(t: pa.Table, book_ttl_ms: int) -> pa.RecordBatch:
     first_copy = new_order | _changed(t["etype"]) | _changed(t["event_id"])
     keep = np.flatnonzero(first_copy)
     gid0, ts0, idx0 = gid_all[keep], t["ts"].to_numpy()[keep], t["idx"].to_numpy()[keep]
-    order = np.lexsort((idx0, ts0, gid0))  # stable: equal (ts, idx) keep (type, id) order
+    order = _timeline(gid0, ts0, idx0)
     rows = keep[order]
     gid, ts = gid0[order], ts0[order]
     shares = t["shares"].to_numpy()[rows]
