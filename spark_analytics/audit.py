@@ -244,13 +244,18 @@ def _channels(spark: SparkSession, pub_stats: DataFrame, deliveries: DataFrame, 
     that deployment and channel is `channel_in_doubt`, else `channel_missed`."""
     grace_ms = int(opts.delivery_grace_s * 1000)
     chans = spark.createDataFrame([(v, n) for v, ns in names.items() for n in ns], "vhost string, channel string")
-    dstats = deliveries.groupBy("vhost", "channel", "alert_id").agg(
+    # Every published alert once per channel, and every delivery, grouped by (vhost, channel, alert):
+    # one aggregation (partial sums before the shuffle) instead of a full outer join of the two.
+    wanted = pub_stats.select("vhost", "alert_id", "first_publish_ts").join(F.broadcast(chans), "vhost").select(
+        "vhost", "channel", "alert_id", "first_publish_ts", F.lit(None).cast("boolean").alias("redelivered"),
+        F.lit(None).cast("long").alias("ts"))
+    got = deliveries.select("vhost", "channel", "alert_id", F.lit(None).cast("long").alias("first_publish_ts"),
+                            "redelivered", "ts")
+    per = wanted.unionByName(got).groupBy("vhost", "channel", "alert_id").agg(
+        F.min("first_publish_ts").alias("first_publish_ts"),
         F.sum(F.when(~F.col("redelivered"), 1).otherwise(0)).alias("first_deliveries"),
         F.sum(F.when(F.col("redelivered"), 1).otherwise(0)).alias("redeliveries"),
         F.min("ts").alias("first_delivery_ts"))
-    wanted = pub_stats.select("vhost", "alert_id", "first_publish_ts").join(F.broadcast(chans), "vhost")
-    per = wanted.join(dstats, ["vhost", "channel", "alert_id"], "full_outer").fillna(
-        {"first_deliveries": 0, "redeliveries": 0})
     per = (per.join(F.broadcast(listed), ["vhost", "channel", "alert_id"], "left").fillna({"in_doubt": False})
            if listed is not None else per.withColumn("in_doubt", F.lit(False)))
     published = F.col("first_publish_ts").isNotNull()

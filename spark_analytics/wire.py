@@ -121,9 +121,11 @@ def alerts_of(text: Column, message_id: Column) -> Column:
     # The body is read only for a batch or an alert without a message id (never, from the engine).
     by_id = F.array(F.struct(message_id.alias("alert_id"), F.lit(None).cast("string").alias("kind"),
                              F.lit(None).cast("string").alias("order_id")))
-    alerts = (F.when(F.coalesce(s.startswith("["), F.lit(False)), F.from_json(s, T.ArrayType(ALERT)))
-              .when(message_id.isNotNull(), by_id).otherwise(single))
-    return F.filter(alerts, lambda a: a["alert_id"].isNotNull())
+    # Only what a body gives can lack an id: the lambda runs for those rows, not for every delivery.
+    def named(alerts: Column) -> Column:
+        return F.filter(alerts, lambda a: a["alert_id"].isNotNull())
+    return (F.when(F.coalesce(s.startswith("["), F.lit(False)), named(F.from_json(s, T.ArrayType(ALERT))))
+            .when(message_id.isNotNull(), by_id).otherwise(named(single)))
 
 
 def kind_of(alert_id: Column) -> Column:
