@@ -42,7 +42,7 @@ _MAX_NUMBER = 1000  # Jackson's limit on a number's characters: Spark reads a lo
 class _Event(msgspec.Struct, forbid_unknown_fields=True, rename={"shares": "#shares"}):
     """An element with exactly the JSON names and plain values: what publishers send. Anything
     else (another key spelling, a missing field, a bad share count) fails here and is read by
-    `_generic`, which follows `wire.canonical` and `wire.element_fields` step by step."""
+    `_generic`, which follows `wire.canonical` and `wire.element_values` step by step."""
 
     id: _Label
     shares: Annotated[int, msgspec.Meta(gt=0, le=MAX_SHARES)]
@@ -86,7 +86,7 @@ def _label_ok(value: str | None, octets: bool = False) -> bool:
 
 
 def _shares(value: str | None) -> int | None:
-    """`wire.element_fields`' share check: trimmed of spaces, 1-16 ASCII digits, in (0, MAX_SHARES]."""
+    """`wire.element_values`' share check: trimmed of spaces, 1-16 ASCII digits, in (0, MAX_SHARES]."""
     if value is None:
         return None
     text = value.strip(" ")
@@ -101,7 +101,7 @@ def _norm(key: str) -> str:
 
 
 def _element(m: dict[str, str | None] | None) -> Element:
-    """`wire.canonical` then `wire.element_fields` on one element's string map."""
+    """`wire.canonical` then `wire.element_values` on one element's string map."""
     if m is None:
         return None
     if not all(k in _JSON for k in m):  # keys not all JSON names: matched as the codec does

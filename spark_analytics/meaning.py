@@ -5,12 +5,12 @@ book counts them: once per (type, id) within its order, first publish wins), a r
 sum in publish order, one comparison. Times are trace times (epoch ms). Everything is
 per deployment (`vhost`): two deployments' order "1" are two orders.
 
-One shuffle in all: the trade elements are partitioned by order and sorted by (order, type,
-id, time) in Spark, then each partition is walked in Arrow batches with numpy (`book_walk`),
-vectorised over all of its orders at once. (Before: `collect_list` per order and Spark's
-higher-order functions, which are interpreted row by row: the audit's most expensive step.)
-The same pass counts the elements that are not events (rejected, or a message with none),
-so no step before it has to hold one row per element.
+One shuffle in all: the trade elements and the alert publishes are partitioned by order and
+sorted by (order, type, id, time) in Spark, then each partition is walked in Arrow batches
+with numpy (`book_walk`), vectorised over all of its orders at once, and each order's expected
+alert meets its publishes there (`published.judged`). The same pass counts the elements that
+are not events (rejected, a message with none, a body left to Spark's parser), so no step
+before it has to hold one row per element.
 """
 
 from __future__ import annotations

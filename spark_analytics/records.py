@@ -3,14 +3,14 @@
 The raw lines (base64 bodies, firehose headers) are parsed once into a compact frame of one
 row per record, which the audit keeps cached; every later step reads it. A trade message
 keeps its body as text (`text`, when readable) and is split into its elements only once,
-by `elements`, on the way into the per-order pass (`meaning.books`): a 1000-event batch is
+by `elements`, on the way into the per-order pass (`meaning.books_and_judged`): a 1000-event batch is
 one cached row, not 1000. Columns:
 
 - `vhost` (the deployment: the record's field, else the firehose header; heartbeats and
   gaps without one belong to every deployment), `kind` (trade | alert | delivery |
   heartbeat | gap | corrupt | publish | deliver), `ts`, gap fields;
 - trade messages: `text` (UTF-8 JSON or text form, within the size limit), `packed`
-  (msgpack bodies, decoded later by an Arrow UDF), `oversize`, `not_utf8`, `not_base64`;
+  (msgpack bodies, split later by `bodies`), `oversize`, `not_utf8`, `not_base64`;
 - alert publishes and channel deliveries: `alerts` (one, or a batch: the lookout hands
   channels batches too); deliveries also `channel`, `redelivered`;
 - `fp1`, `fp2`, `trace_redelivered`: to drop alert/delivery copies re-recorded after a

@@ -48,7 +48,7 @@ def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     """Per vhost: records of each kind, junk, the last trace time (`last_ts`, counting the
     heartbeats every deployment shares); and the number of corrupt lines. What only a
     message's elements tell (`trade_unreadable` of readable bodies, `trade_elements_rejected`)
-    the per-order pass counts: `add_element_junk`."""
+    the per-order pass counts: `walk_counts`."""
     kind = F.col("kind")
     trade, alert, delivery = kind == "trade", kind == "alert", kind == "delivery"
     aggs = {

@@ -1,10 +1,11 @@
-"""Trade data and alerts decoded from traced bodies with Spark SQL (msgpack: an Arrow UDF).
+"""Trade data and alerts decoded from traced bodies with Spark SQL.
 
 CONTRACT §3: a JSON object, a JSON array of objects (each element judged alone), the
-design document's text form (`id:1`, `# shares: 100`, `initial order id: 1`, ...), and
-msgpack (content type `application/msgpack`). Every form is turned into an array of
-string maps, one per element, keys matched as the codec matches them, then validated by
-one set of column expressions, so the forms cannot drift.
+design document's text form (`id:1`, `# shares: 100`, `initial order id: 1`, ...). Every
+form is turned into an array of string maps, one per element, keys matched as the codec
+matches them, then validated by one set of column expressions, so the forms cannot drift.
+This is the definition `bodies` follows in the Python workers (with msgpack, content type
+`application/msgpack`), and the reading of the bodies it leaves to Spark's parser.
 
 Nothing here raises on bad bytes: bodies that are not base64, not UTF-8, not any form,
 or over the size limit decode to no events and are counted by the caller.
@@ -78,7 +79,7 @@ def _json_key(normal: Column) -> Column:
 
 def element_maps(text: Column) -> Column:
     """array<map<string,string>>, one map per element (keys as the body wrote them); null when
-    the body is none of the forms. `element_fields` normalises the keys."""
+    the body is none of the forms. `canonical` normalises the keys."""
     s = F.ltrim(text)
     return (F.when(s.startswith("{"), F.array_compact(F.array(F.from_json(s, _MAP))))
             .when(s.startswith("["), F.from_json(s, _MAPS))
