@@ -87,26 +87,44 @@ def _per_vhost(vhost: Column, values: dict[str, int], default: int = 0) -> Colum
     return out
 
 
-def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
-    """Read and decode every trace line once (cached), count damage, name the deployments."""
-    margin = int((opts.book_ttl_s + opts.grace_s + opts.delivery_grace_s) * 1000)
-    read_from = None if opts.since_ms is None else opts.since_ms - margin
-    read_to = None if opts.until_ms is None else opts.until_ms + margin
-    files = traces.part_files(opts.traces_dir, read_from, read_to)
-    step(f"reading and decoding {len(files)} part files (JSON, text form, batches, msgpack)")
-    slim = records.decode(traces.read_raw(spark, files, read_from, read_to), opts.max_message_bytes)
+def _read(spark: SparkSession, opts: AuditOptions, files: list[str], span: tuple[int | None, int | None],
+          damaged: bool) -> tuple[DataFrame, dict[str, dict[str, int]], int]:
+    """The cached record frame, its counts and corrupt lines (see `traces.read_raw` for `damaged`)."""
+    slim = records.decode(traces.read_raw(spark, files, *span, damaged=damaged), opts.max_message_bytes)
     if opts.vhosts:
         slim = slim.where(F.col("vhost").isin(*opts.vhosts) | F.col("vhost").isNull())
     slim = slim.persist(StorageLevel.MEMORY_AND_DISK)
-    counts, corrupt = stats.record_counts(slim)   # the action that fills the cache
+    try:
+        counts, corrupt = stats.record_counts(slim)   # the action that fills the cache
+    except Exception:
+        slim.unpersist()
+        raise
+    return slim, counts, corrupt
+
+
+def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
+    """Read and decode every trace line once (cached), count damage, name the deployments."""
+    margin = int((opts.book_ttl_s + opts.grace_s + opts.delivery_grace_s) * 1000)
+    span = (None if opts.since_ms is None else opts.since_ms - margin,
+            None if opts.until_ms is None else opts.until_ms + margin)
+    files = traces.part_files(opts.traces_dir, *span)
+    step(f"reading and decoding {len(files)} part files (JSON, text form, batches, msgpack)")
+    torn: list[tuple[str, int, int]] = []
+    try:
+        with traces.quiet(spark):
+            slim, counts, corrupt = _read(spark, opts, files, span, damaged=False)
+    except Exception as exc:  # anything but damage is raised again
+        if not traces.is_damaged_read(exc):
+            raise
+        step("a part file's gzip stream breaks off: reading up to the damage, checking every file's tail")
+        slim, counts, corrupt = _read(spark, opts, files, span, damaged=True)
+        torn = traces.torn_tails(spark, files)
     if any(c["trace_rerecorded"] for c in counts.values()):
         step("dropping records re-recorded after a recorder crash")
         deduped = traces.drop_rerecorded(slim).persist(StorageLevel.MEMORY_AND_DISK)
         counts, corrupt = stats.record_counts(deduped)
         slim.unpersist()
         slim = deduped
-    step("checking part files for torn gzip tails")
-    torn = traces.torn_tails(spark, files)
     vhosts = sorted(set(counts) | set(opts.vhosts)) or []
     end_ts = {v: c.pop("last_ts", 0) or 0 for v, c in counts.items()}
     for v in vhosts:
@@ -127,18 +145,11 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     step("finding unaudited windows")
     gaps = gaps_mod.unaudited_windows(inp.slim, inp.vhosts, opts.since_ms, opts.until_ms)
     step("applying CONTRACT §1 per order")
-    msgpack = any(c["msgpack_messages"] for c in inp.counts.values())
-    walked = meaning.books_and_junk(records.elements(inp.slim, msgpack), int(opts.book_ttl_s * 1000))
-    walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
-    books = walked.where(F.col("order_id").isNotNull())
-    stats.add_element_junk(inp.counts, walked.where(F.col("order_id").isNull()))  # the action that walks
     pubs = records.alert_publishes(inp.slim)
-    pub_stats = pubs.groupBy("vhost", "alert_id").agg(
-        F.count("*").alias("publishes"), F.min("ts").alias("first_publish_ts"),
-        F.first("kind", ignorenulls=True).alias("published_kind"),
-        F.first("order_id", ignorenulls=True).alias("published_order_id")).persist(StorageLevel.MEMORY_AND_DISK)
+    alerts = _walk(inp, pubs, opts, step)
+    pub_stats = alerts.where(F.col("publishes") > 0)
     step("comparing expected and published alerts")
-    per_order, order_findings = _orders(books, pub_stats, gaps, inp.end_ts, opts)
+    per_order, order_findings = _orders(alerts, gaps, inp.end_ts, opts)
     step("checking channel deliveries")
     deliveries = records.channel_deliveries(inp.slim)
     seen = {(r["vhost"], r["channel"]) for r in deliveries.select("vhost", "channel").distinct().collect()}
@@ -147,12 +158,30 @@ def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: No
     per_channel, channel_findings = _channels(spark, pub_stats, deliveries, names, gaps, inp.end_ts, opts, listed)
     findings = order_findings.unionByName(channel_findings)
     step("latency and counts")
-    counts = stats.judged_counts(inp.counts, inp.slim, books, per_order, per_channel, findings, names)
+    counts = stats.judged_counts(inp.counts, per_order, per_channel, findings, names)
     if in_doubt is not None:
         stats.in_doubt_counts(counts, per_channel, in_doubt)
     latency = stats.latency(per_order)
     return AuditResult(per_order, per_channel, findings, pubs, inp.vhosts, gaps, counts, inp.files, latency,
                        in_doubt)
+
+
+def _walk(inp: _Input, pubs: DataFrame, opts: AuditOptions, step: Step) -> DataFrame:
+    """CONTRACT §1 per order and the alerts expected or published (cached: `published.JUDGED_SCHEMA`
+    rows with an alert id); what the walk counted goes into `inp.counts`. Trade bodies are split
+    in the Python workers; when some need Spark's own parser (`bodies`), the walk runs again
+    with it, so those are read exactly as before."""
+    ttl_ms = int(opts.book_ttl_s * 1000)
+    walked = meaning.books_and_judged(records.elements(inp.slim), pubs, ttl_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    counted = stats.walk_counts(walked)  # the action that walks
+    if any(c["deferred"] for c in counted.values()):
+        step("reading bodies that are not strict JSON with Spark's parser")
+        walked.unpersist()
+        walked = meaning.books_and_judged(records.elements(inp.slim, spark_parser=True), pubs, ttl_ms)
+        walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
+        counted = stats.walk_counts(walked)
+    stats.add_walk_counts(inp.counts, counted)
+    return walked.where(F.col("alert_id").isNotNull())
 
 
 def _listed(spark: SparkSession, in_doubt: InDoubtList | None, vhosts: list[str]) -> DataFrame | None:
@@ -164,17 +193,14 @@ def _listed(spark: SparkSession, in_doubt: InDoubtList | None, vhosts: list[str]
         "in_doubt", F.lit(True))
 
 
-def _orders(books: DataFrame, pub_stats: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
+def _orders(alerts: DataFrame, gaps: dict[str, list[gaps_mod.Window]], end_ts: dict[str, int],
             opts: AuditOptions) -> tuple[DataFrame, DataFrame]:
-    """One row per (vhost, alert id) expected or published, with its verdict; and the findings."""
+    """One row per (vhost, alert id) expected or published, with its verdict; and the findings.
+    (`alerts`: the walk's, each with its order's book; `published.judged`.)"""
     ttl_ms, grace_ms = int(opts.book_ttl_s * 1000), int(opts.grace_s * 1000)
-    expected = books.where(F.col("expected_kind").isNotNull()).select(
-        "vhost", F.concat_ws(":", "expected_kind", "order_id").alias("alert_id"), "expected_ts", "trigger_event",
-        F.lit(True).alias("expected"))
-    joined = expected.join(pub_stats, ["vhost", "alert_id"], "full_outer").withColumn(
-        "order_id", F.coalesce(F.regexp_extract("alert_id", r"^[^:]+:(.*)$", 1), F.col("published_order_id")))
-    per = joined.join(books.select("vhost", "order_id", "first_ts", "close_ts", "edge_ms", "requested_shares",
-                                   "purchased_shares", "late_events"), ["vhost", "order_id"], "left")
+    per = alerts.select("vhost", "order_id", "alert_id", "expected_ts", "trigger_event", "first_publish_ts",
+                        "published_kind", "published_order_id", "first_ts", "close_ts", "edge_ms", "requested_shares",
+                        "purchased_shares", "late_events", "expected", "publishes")
     per = per.select(
         "*", F.coalesce("expected", F.lit(False)).alias("should_fire"),
         F.coalesce("publishes", F.lit(0)).alias("n_publishes"),
@@ -218,13 +244,18 @@ def _channels(spark: SparkSession, pub_stats: DataFrame, deliveries: DataFrame, 
     that deployment and channel is `channel_in_doubt`, else `channel_missed`."""
     grace_ms = int(opts.delivery_grace_s * 1000)
     chans = spark.createDataFrame([(v, n) for v, ns in names.items() for n in ns], "vhost string, channel string")
-    dstats = deliveries.groupBy("vhost", "channel", "alert_id").agg(
+    # Every published alert once per channel, and every delivery, grouped by (vhost, channel, alert):
+    # one aggregation (partial sums before the shuffle) instead of a full outer join of the two.
+    wanted = pub_stats.select("vhost", "alert_id", "first_publish_ts").join(F.broadcast(chans), "vhost").select(
+        "vhost", "channel", "alert_id", "first_publish_ts", F.lit(None).cast("boolean").alias("redelivered"),
+        F.lit(None).cast("long").alias("ts"))
+    got = deliveries.select("vhost", "channel", "alert_id", F.lit(None).cast("long").alias("first_publish_ts"),
+                            "redelivered", "ts")
+    per = wanted.unionByName(got).groupBy("vhost", "channel", "alert_id").agg(
+        F.min("first_publish_ts").alias("first_publish_ts"),
         F.sum(F.when(~F.col("redelivered"), 1).otherwise(0)).alias("first_deliveries"),
         F.sum(F.when(F.col("redelivered"), 1).otherwise(0)).alias("redeliveries"),
         F.min("ts").alias("first_delivery_ts"))
-    wanted = pub_stats.select("vhost", "alert_id", "first_publish_ts").join(F.broadcast(chans), "vhost")
-    per = wanted.join(dstats, ["vhost", "channel", "alert_id"], "full_outer").fillna(
-        {"first_deliveries": 0, "redeliveries": 0})
     per = (per.join(F.broadcast(listed), ["vhost", "channel", "alert_id"], "left").fillna({"in_doubt": False})
            if listed is not None else per.withColumn("in_doubt", F.lit(False)))
     published = F.col("first_publish_ts").isNotNull()

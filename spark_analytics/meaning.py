@@ -5,12 +5,12 @@ book counts them: once per (type, id) within its order, first publish wins), a r
 sum in publish order, one comparison. Times are trace times (epoch ms). Everything is
 per deployment (`vhost`): two deployments' order "1" are two orders.
 
-One shuffle in all: the trade elements are partitioned by order and sorted by (order, type,
-id, time) in Spark, then each partition is walked in Arrow batches with numpy (`book_walk`),
-vectorised over all of its orders at once. (Before: `collect_list` per order and Spark's
-higher-order functions, which are interpreted row by row: the audit's most expensive step.)
-The same pass counts the elements that are not events (rejected, or a message with none),
-so no step before it has to hold one row per element.
+One shuffle in all: the trade elements and the alert publishes are partitioned by order and
+sorted by (order, type, id, time) in Spark, then each partition is walked in Arrow batches
+with numpy (`book_walk`), vectorised over all of its orders at once, and each order's expected
+alert meets its publishes there (`published.judged`). The same pass counts the elements that
+are not events (rejected, a message with none, a body left to Spark's parser), so no step
+before it has to hold one row per element.
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+
+from spark_analytics import published
+from spark_analytics.bodies import DEFERRED
 
 SUM_CAP = 4 * 10**18  # running sums saturate here: never an overflow, still "over" any request
 _KEYS = ["vhost", "order_id", "etype", "event_id", "ts", "idx", "shares"]
 BOOK_SCHEMA = ("vhost string, order_id string, copies long, events long, first_ts long, close_ts long, "
                "late_events long, edge_ms long, requested_shares long, request_ts long, purchased_shares long, "
-               "purchase_count long, crossing_ts long, crossing_id string, unreadable long, rejected long")
+               "purchase_count long, crossing_ts long, crossing_id string")
 
 
 def _changed(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -67,6 +70,18 @@ def _group_cumsum(values: np.ndarray, gid: np.ndarray) -> np.ndarray:
     return np.where(rough - rough_off > 8e18, SUM_CAP, np.minimum(exact - offsets, SUM_CAP))
 
 
+def _timeline(gid: np.ndarray, ts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The order sorting rows by (gid, ts, idx), stable (equal keys keep their (type, id) order):
+    one sort of a packed 64-bit key when the spans fit, else numpy's lexsort."""
+    if len(gid) == 0:
+        return np.zeros(0, dtype=np.int64)
+    t0, i0 = int(ts.min()), int(idx.min())
+    ts_span, idx_span = int(ts.max()) - t0 + 1, int(idx.max()) - i0 + 1
+    if (int(gid[-1]) + 1) * ts_span * idx_span >= 2**62:
+        return np.lexsort((idx, ts, gid))
+    return np.argsort((gid * ts_span + (ts - t0)) * idx_span + (idx - i0), kind="stable")
+
+
 def book_walk(t: pa.Table, book_ttl_ms: int) -> pa.RecordBatch:
     """Whole orders' events sorted by (vhost, order_id, etype, event_id, ts, idx, shares) to one
     row per order (BOOK_SCHEMA). The first copy of each (type, id) counts; a stable sort by
@@ -80,7 +95,7 @@ def book_walk(t: pa.Table, book_ttl_ms: int) -> pa.RecordBatch:
     first_copy = new_order | _changed(t["etype"]) | _changed(t["event_id"])
     keep = np.flatnonzero(first_copy)
     gid0, ts0, idx0 = gid_all[keep], t["ts"].to_numpy()[keep], t["idx"].to_numpy()[keep]
-    order = np.lexsort((idx0, ts0, gid0))  # stable: equal (ts, idx) keep (type, id) order
+    order = _timeline(gid0, ts0, idx0)
     rows = keep[order]
     gid, ts = gid0[order], ts0[order]
     shares = t["shares"].to_numpy()[rows]
@@ -113,7 +128,6 @@ def book_walk(t: pa.Table, book_ttl_ms: int) -> pa.RecordBatch:
         "purchased_shares": _per_group(sums, bgid, groups, 0, "last"),
         "purchase_count": np.bincount(bgid, minlength=groups),
         "crossing_ts": pa.array(ts[cross_at], mask=~has_cross),
-        "unreadable": np.zeros(groups, dtype=np.int64), "rejected": np.zeros(groups, dtype=np.int64),
         "crossing_id": pc.if_else(pa.array(has_cross), t["event_id"].take(pa.array(rows[cross_at])).combine_chunks(),
                                   pa.scalar(None, pa.string())),
     }, schema=_BOOK_ARROW)
@@ -124,14 +138,28 @@ _BOOK_ARROW = pa.schema([(f.split()[0], pa.string() if f.split()[1] == "string" 
 
 
 def _junk(t: pa.Table) -> pa.RecordBatch:
-    """One row per vhost: elements rejected, and messages with no element (idx null)."""
-    g = t.group_by("vhost").aggregate([("idx", "count"), ([], "count_all")])
+    """One row per vhost: elements rejected, messages with no element (idx null), and bodies
+    left to Spark's parser (idx DEFERRED, `records.elements`)."""
+    t = t.append_column("deferred", pc.equal(t["idx"], DEFERRED).cast(pa.int64()))
+    g = t.group_by("vhost").aggregate([("idx", "count"), ([], "count_all"), ("deferred", "sum")])
     n = g.num_rows
-    cols: dict[str, object] = {f.name: pa.nulls(n, f.type) for f in _BOOK_ARROW}
-    rejected = g["idx_count"].to_numpy()
-    cols.update(vhost=g["vhost"].combine_chunks(), rejected=rejected,
-                unreadable=g["count_all"].to_numpy() - rejected)
-    return pa.RecordBatch.from_pydict(cols, schema=_BOOK_ARROW)
+    cols: dict[str, object] = {f.name: pa.nulls(n, f.type) for f in published.ARROW}
+    deferred = pc.fill_null(g["deferred_sum"], 0).to_numpy()
+    with_idx = g["idx_count"].to_numpy()
+    cols.update(vhost=g["vhost"].combine_chunks(), rejected=with_idx - deferred, deferred=deferred,
+                unreadable=g["count_all"].to_numpy() - with_idx)
+    return pa.RecordBatch.from_pydict(cols, schema=published.ARROW)
+
+
+def _judge(t: pa.Table, book_ttl_ms: int) -> Iterator[pa.RecordBatch]:
+    """Whole orders (trade events and alert publishes, sorted): the counts of their books, and
+    one row per alert expected or published (`published.judged`)."""
+    is_publish = pc.is_null(t["etype"])
+    events, pubs = t.filter(pc.invert(is_publish)), t.filter(is_publish)
+    books = book_walk(events, book_ttl_ms) if events.num_rows else pa.RecordBatch.from_pylist([], schema=_BOOK_ARROW)
+    if books.num_rows:
+        yield published.counted(books)
+    yield published.judged(books, pubs)
 
 
 def _walk_partition(book_ttl_ms: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -149,37 +177,36 @@ def _walk_partition(book_ttl_ms: int) -> Callable[[Iterator[pa.RecordBatch]], It
             starts = np.flatnonzero(_changed(t["vhost"]) | _changed(t["order_id"]))
             cut = int(starts[-1])
             if cut > 0:
-                yield book_walk(t.slice(0, cut), book_ttl_ms)
+                yield from _judge(t.slice(0, cut), book_ttl_ms)
             carry = t.slice(cut).to_batches()
         if carry:
-            yield book_walk(pa.Table.from_batches(carry).combine_chunks(), book_ttl_ms)
+            yield from _judge(pa.Table.from_batches(carry).combine_chunks(), book_ttl_ms)
     return walk
 
 
-def books_and_junk(elements: DataFrame, book_ttl_ms: int) -> DataFrame:
-    """`elements` (records.ELEMENT: vhost, ts, idx, valid, etype, event_id, order_id, shares;
-    copies included) to one row per (vhost, order): its book window, request, in-book
-    purchases, expected alert; plus rows with `order_id` null that count the elements that
-    are not events (`unreadable`, `rejected`; 0 on the orders' rows).
+def _order_key(alert_id: Column) -> Column:
+    """The order an alert id names (`<kind>:<order id>`: all after the first colon), "" for none."""
+    colon = F.instr(alert_id, ":")
+    return F.when(colon > 1, F.expr("substring(alert_id, instr(alert_id, ':') + 1)")).otherwise(F.lit(""))
 
-    Columns: vhost, order_id, events (distinct), copies (as published), first_ts, close_ts,
-    requested_shares, request_ts, purchased_shares,
-    purchase_count, late_events, expected_kind, expected_ts (trigger time), trigger_event,
-    edge_ms (how close an event came to the book's close; near-ties are not judged).
+
+def books_and_judged(elements: DataFrame, publishes: DataFrame, book_ttl_ms: int) -> DataFrame:
+    """`elements` (records.ELEMENT: vhost, ts, idx, valid, etype, event_id, order_id, shares;
+    copies included) and alert `publishes` (records.alert_publishes), walked per (vhost, order),
+    to `published.JUDGED_SCHEMA`: one row per alert expected or published with its order's
+    book (first_ts, close_ts, edge_ms: how close an event came to the book's close,
+    requested_shares, purchased_shares, late_events); and rows with `alert_id` null that count,
+    per vhost, events as published (copies), distinct events, orders, expected alerts, and the
+    elements that are not events (`unreadable`, `rejected`, `deferred`).
     """
+    nothing = F.lit(None).cast("string")
+    events = elements.select(*_KEYS, "valid", nothing.alias("kind"), nothing.alias("published_order_id"))
+    pubs = publishes.select("vhost", _order_key(F.col("alert_id")).alias("order_id"), nothing.alias("etype"),
+                            F.col("alert_id").alias("event_id"), "ts", F.lit(None).cast("int").alias("idx"),
+                            F.lit(None).cast("long").alias("shares"), F.lit(True).alias("valid"), "kind",
+                            F.col("order_id").alias("published_order_id"))
     # Junk has no order: spread it by time. A hash first: the sort compares 8-byte prefixes,
-    # not the (often equal) vhost strings.
+    # not the (often equal) vhost strings. Within an order, publishes (etype null) come first.
     key = F.coalesce(F.col("order_id"), F.col("ts").cast("string"))
-    sorted_events = (elements.select(*_KEYS, "valid").repartition("vhost", key)
-                     .sortWithinPartitions(F.xxhash64("vhost", key), *_KEYS))
-    b = sorted_events.mapInArrow(_walk_partition(book_ttl_ms), BOOK_SCHEMA)
-    over = F.col("requested_shares").isNotNull() & (F.col("purchased_shares") > F.col("requested_shares"))
-    without = F.col("requested_shares").isNull() & (F.col("purchase_count") > 0)
-    return b.select(
-        "*",
-        F.when(over, "over_purchase").when(without, "purchase_without_request").alias("expected_kind"),
-        F.when(over, F.greatest("crossing_ts", "request_ts")).when(without, F.col("close_ts")).alias("expected_ts"),
-        F.when(over, F.when(F.col("request_ts") > F.col("crossing_ts"), F.concat(F.lit("request:"), "order_id"))
-               .otherwise(F.concat(F.lit("purchase:"), "crossing_id")))
-        .when(without, F.lit("book close")).alias("trigger_event"),
-    ).drop("crossing_ts", "crossing_id")
+    rows = events.unionByName(pubs).repartition("vhost", key).sortWithinPartitions(F.xxhash64("vhost", key), *_KEYS)
+    return rows.mapInArrow(_walk_partition(book_ttl_ms), published.JUDGED_SCHEMA)

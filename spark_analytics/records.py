@@ -3,14 +3,14 @@
 The raw lines (base64 bodies, firehose headers) are parsed once into a compact frame of one
 row per record, which the audit keeps cached; every later step reads it. A trade message
 keeps its body as text (`text`, when readable) and is split into its elements only once,
-by `elements`, on the way into the per-order pass (`meaning.books`): a 1000-event batch is
+by `elements`, on the way into the per-order pass (`meaning.books_and_judged`): a 1000-event batch is
 one cached row, not 1000. Columns:
 
 - `vhost` (the deployment: the record's field, else the firehose header; heartbeats and
   gaps without one belong to every deployment), `kind` (trade | alert | delivery |
   heartbeat | gap | corrupt | publish | deliver), `ts`, gap fields;
 - trade messages: `text` (UTF-8 JSON or text form, within the size limit), `packed`
-  (msgpack bodies, decoded later by an Arrow UDF), `oversize`, `not_utf8`, `not_base64`;
+  (msgpack bodies, split later by `bodies`), `oversize`, `not_utf8`, `not_base64`;
 - alert publishes and channel deliveries: `alerts` (one, or a batch: the lookout hands
   channels batches too); deliveries also `channel`, `redelivered`;
 - `fp1`, `fp2`, `trace_redelivered`: to drop alert/delivery copies re-recorded after a
@@ -23,7 +23,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_analytics import traces, wire
+from spark_analytics import bodies, traces, wire
 
 NO_VHOST = "(not recorded)"  # traces written before records carried their vhost
 ELEMENT = ["vhost", "ts", "idx", "valid", "etype", "event_id", "order_id", "shares"]
@@ -72,34 +72,30 @@ def _records(raw_df: DataFrame, max_bytes: int) -> DataFrame:
         "fp1", "fp2")
 
 
-def _elements(df: DataFrame) -> DataFrame:
-    """One row per element of `maps` (and one with idx null when there is none), validated."""
-    exploded = df.select("vhost", "ts", F.posexplode_outer("maps").alias("idx", "m"))
-    canonical = exploded.select("vhost", "ts", "idx", wire.canonical(F.col("m")).alias("m"))
-    return canonical.select("vhost", "ts", "idx", *wire.element_fields(F.col("m")))
-
-
 def decode(raw_df: DataFrame, max_message_bytes: int = 1 << 20) -> DataFrame:
     """The compact frame described in the module docstring."""
     return _records(raw_df, max_message_bytes)
 
 
-def msgpack_elements(msgs: DataFrame) -> DataFrame:
-    """Elements of msgpack bodies (an Arrow-backed UDF on those rows only): ELEMENT columns."""
-    packed = msgs.where(F.col("packed").isNotNull()).select("vhost", "ts", wire.msgpack_as_json("packed").alias("j"))
-    maps = packed.select("vhost", "ts", F.when(F.col("j").isNotNull(), wire.element_maps(F.col("j"))).alias("maps"))
-    return _elements(maps)
+def _spark_parsed(split: DataFrame) -> DataFrame:
+    """`split` with each row that `bodies` left to Spark's parser (`spark_text`) replaced by
+    that body's elements, read by `wire.element_maps` (one row with `idx` null when none)."""
+    deferred = F.col("spark_text").isNotNull()
+    exploded = split.select("*", F.posexplode_outer(F.when(deferred, wire.element_maps(F.col("spark_text"))))
+                            .alias("spark_idx", "m"))
+    fields = wire.element_values(wire.canonical(F.col("m")))
+    return exploded.select("vhost", "ts", F.when(deferred, F.col("spark_idx")).otherwise(F.col("idx")).alias("idx"),
+                           *[F.when(deferred, v).otherwise(F.col(name)).alias(name) for name, v in fields.items()])
 
 
-def elements(msgs: DataFrame, msgpack: bool = True) -> DataFrame:
-    """Every element of every readable trade message (ELEMENT columns; with the msgpack
-    bodies' unless `msgpack` is False: the traces hold none). A message with no element at
-    all (not JSON nor the text form, truncated, empty) is one row with `idx` null."""
-    texts = msgs.where((F.col("kind") == "trade") & F.col("text").isNotNull())
-    plain = _elements(texts.select("vhost", "ts", wire.element_maps(F.col("text")).alias("maps")))
-    if not msgpack:
-        return plain
-    return plain.unionByName(msgpack_elements(msgs))
+def elements(msgs: DataFrame, spark_parser: bool = False) -> DataFrame:
+    """Every element of every readable trade message (ELEMENT columns), split by `bodies` in the
+    Python workers. A message with no element at all (not JSON nor the text form, truncated,
+    empty) is one row with `idx` null. A body that only Spark's parser reads exactly is one row
+    with `idx` = `bodies.DEFERRED`, or, with `spark_parser`, its elements as that parser reads them."""
+    trades = msgs.where((F.col("kind") == "trade") & (F.col("text").isNotNull() | F.col("packed").isNotNull()))
+    split = trades.select("vhost", "ts", "text", "packed").mapInArrow(bodies.split, bodies.ELEMENT_SCHEMA)
+    return _spark_parsed(split) if spark_parser else split.drop("spark_text")
 
 
 def alert_publishes(slim: DataFrame) -> DataFrame:

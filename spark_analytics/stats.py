@@ -10,7 +10,6 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_analytics import records
 from spark_analytics.in_doubt import InDoubtList
 
 FINDINGS = ("missed", "duplicate", "spurious", "late", "channel_missed", "channel_duplicate", "channel_spurious")
@@ -49,7 +48,7 @@ def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     """Per vhost: records of each kind, junk, the last trace time (`last_ts`, counting the
     heartbeats every deployment shares); and the number of corrupt lines. What only a
     message's elements tell (`trade_unreadable` of readable bodies, `trade_elements_rejected`)
-    the per-order pass counts: `add_element_junk`."""
+    the per-order pass counts: `walk_counts`."""
     kind = F.col("kind")
     trade, alert, delivery = kind == "trade", kind == "alert", kind == "delivery"
     aggs = {
@@ -83,27 +82,30 @@ def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     return out, corrupt
 
 
-def add_element_junk(counts: dict[str, dict[str, int]], junk: DataFrame) -> None:
-    """Trade messages with no element and rejected elements, as the per-order pass counted them
-    (`junk`: vhost, unreadable, rejected; `meaning.books_and_junk`)."""
-    for r in junk.groupBy("vhost").agg(F.sum("unreadable").alias("u"), F.sum("rejected").alias("r")).collect():
-        c = counts.setdefault(r["vhost"], empty_counts())
-        c["trade_unreadable"] += int(r["u"] or 0)
-        c["trade_elements_rejected"] += int(r["r"] or 0)
+def walk_counts(walked: DataFrame) -> dict[str, dict[str, int]]:
+    """Per vhost, what the per-order pass counted (`meaning.books_and_judged`): events, orders,
+    expected alerts and alert publishes, and the trade elements that are not events
+    (`deferred`: bodies left to Spark's parser, see `records.elements`). One Spark job."""
+    names = {"trade_events_decoded": "copies", "distinct_events": "events", "orders": "orders",
+             "expected_alerts": "expected_alerts", "alert_publishes": "publishes", "trade_unreadable": "unreadable",
+             "trade_elements_rejected": "rejected", "deferred": "deferred"}
+    sums = walked.groupBy("vhost").agg(*[F.sum(col).alias(name) for name, col in names.items()])
+    return {r["vhost"]: {name: int(r[name] or 0) for name in names} for r in sums.collect()}
 
 
-def judged_counts(base: dict[str, dict[str, int]], slim: DataFrame, books: DataFrame, per_order: DataFrame,
-                  per_channel: DataFrame, findings: DataFrame,
-                  channels: dict[str, list[str]]) -> dict[str, dict[str, int]]:
-    """`base` (record counts) plus events, orders, alerts, verdicts and findings per vhost."""
+def add_walk_counts(counts: dict[str, dict[str, int]], walked: dict[str, dict[str, int]]) -> None:
+    """`walk_counts` added to the record counts (which count unreadable trade messages too)."""
+    for vhost, found in walked.items():
+        c = counts.setdefault(vhost, empty_counts())
+        for name, n in found.items():
+            if name != "deferred":
+                c[name] = c.get(name, 0) + n
+
+
+def judged_counts(base: dict[str, dict[str, int]], per_order: DataFrame, per_channel: DataFrame,
+                  findings: DataFrame, channels: dict[str, list[str]]) -> dict[str, dict[str, int]]:
+    """`base` (record and walk counts) plus verdicts and findings per vhost."""
     counts = {v: dict(c) for v, c in base.items()}
-    for r in books.groupBy("vhost").agg(
-            F.sum("copies").alias("trade_events_decoded"), F.sum("events").alias("distinct_events"),
-            F.count("*").alias("orders"), F.count("expected_kind").alias("expected_alerts")).collect():
-        counts[r["vhost"]].update({k: int(r[k] or 0) for k in
-                                   ("trade_events_decoded", "distinct_events", "orders", "expected_alerts")})
-    for r in records.alert_publishes(slim).groupBy("vhost").count().collect():
-        counts[r["vhost"]]["alert_publishes"] = int(r["count"])
     for r in per_order.groupBy("vhost", "verdict").count().collect():
         counts[r["vhost"]][f"verdict_{r['verdict']}"] = int(r["count"])
     for r in per_channel.where(F.col("verdict") != "ok").groupBy("vhost", "verdict").count().collect():

@@ -5,11 +5,15 @@ purpose: the audit does not import the streaming code. Damage never stops the jo
 line that is not a JSON record (half-written, garbage, bytes that are not UTF-8) becomes a
 `_corrupt_record` row that is counted and dropped, and a part file whose gzip stream
 breaks off is read up to the break (`ignoreCorruptFiles`) and listed with the bytes lost.
+The files are inflated a second time to find those bytes only when the first read failed
+on one (`is_damaged_read`): intact traces are inflated once.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -68,8 +72,11 @@ def part_files(root: str, since_ms: int | None = None, until_ms: int | None = No
 
 
 def read_raw(spark: SparkSession, files: list[str], since_ms: int | None = None,
-             until_ms: int | None = None) -> DataFrame:
-    """Every record in [since, until] (gaps by overlap) plus every unreadable line (`_corrupt_record`)."""
+             until_ms: int | None = None, damaged: bool = False) -> DataFrame:
+    """Every record in [since, until] (gaps by overlap) plus every unreadable line (`_corrupt_record`).
+
+    A part file whose gzip stream breaks off fails the read (`is_damaged_read`), unless
+    `damaged`: then each such file is read up to the break (`ignoreCorruptFiles`)."""
     if not files:
         return spark.createDataFrame([], TRACE_SCHEMA)
     # A recorder killed in the middle of a write leaves a torn last gzip member; its records
@@ -77,13 +84,29 @@ def read_raw(spark: SparkSession, files: list[str], since_ms: int | None = None,
     # keeps every row read before the break and skips only the rest of that file
     # (`torn_tails` counts what was skipped).
     df = (spark.read.schema(TRACE_SCHEMA).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
-          .option("ignoreCorruptFiles", "true").json(files))
+          .option("ignoreCorruptFiles", str(damaged).lower()).json(files))
     lo = F.lit(since_ms if since_ms is not None else -(2**62))
     hi = F.lit(until_ms if until_ms is not None else 2**62)
     is_gap = F.col("kind") == "gap"
     return df.where(F.col(CORRUPT).isNotNull()
                     | (is_gap & (F.col("end") >= lo) & (F.col("start") <= hi))
                     | (~is_gap & (F.col("ts") >= lo) & (F.col("ts") <= hi)))
+
+
+def is_damaged_read(exc: Exception) -> bool:
+    """Did a read fail on a part file's bytes (a torn or corrupt gzip stream)? Hadoop's gzip reader
+    fails on anything after the last whole member, so a read without this error had no damage."""
+    return "FAILED_READ_FILE" in str(exc)
+
+
+@contextmanager
+def quiet(spark: SparkSession) -> Iterator[None]:
+    """No executor stack traces on the console while a read may fail on purpose (`is_damaged_read`)."""
+    spark.sparkContext.setLogLevel("OFF")
+    try:
+        yield
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")
 
 
 def complete_length(path: str, chunk: int = 1 << 20) -> int:

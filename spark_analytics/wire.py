@@ -1,10 +1,11 @@
-"""Trade data and alerts decoded from traced bodies with Spark SQL (msgpack: an Arrow UDF).
+"""Trade data and alerts decoded from traced bodies with Spark SQL.
 
 CONTRACT §3: a JSON object, a JSON array of objects (each element judged alone), the
-design document's text form (`id:1`, `# shares: 100`, `initial order id: 1`, ...), and
-msgpack (content type `application/msgpack`). Every form is turned into an array of
-string maps, one per element, keys matched as the codec matches them, then validated by
-one set of column expressions, so the forms cannot drift.
+design document's text form (`id:1`, `# shares: 100`, `initial order id: 1`, ...). Every
+form is turned into an array of string maps, one per element, keys matched as the codec
+matches them, then validated by one set of column expressions, so the forms cannot drift.
+This is the definition `bodies` follows in the Python workers (with msgpack, content type
+`application/msgpack`), and the reading of the bodies it leaves to Spark's parser.
 
 Nothing here raises on bad bytes: bodies that are not base64, not UTF-8, not any form,
 or over the size limit decode to no events and are counted by the caller.
@@ -12,11 +13,8 @@ or over the size limit decode to no events and are counted by the caller.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Any
 
-import pandas as pd
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -81,7 +79,7 @@ def _json_key(normal: Column) -> Column:
 
 def element_maps(text: Column) -> Column:
     """array<map<string,string>>, one map per element (keys as the body wrote them); null when
-    the body is none of the forms. `element_fields` normalises the keys."""
+    the body is none of the forms. `canonical` normalises the keys."""
     s = F.ltrim(text)
     return (F.when(s.startswith("{"), F.array_compact(F.array(F.from_json(s, _MAP))))
             .when(s.startswith("["), F.from_json(s, _MAPS))
@@ -97,7 +95,7 @@ def canonical(m: Column) -> Column:
     return F.when(plain, m).otherwise(F.transform_keys(m, lambda k, v: _json_key(_norm(k))))
 
 
-def element_fields(m: Column) -> list[Column]:
+def element_values(m: Column) -> dict[str, Column]:
     """valid, etype (request|purchase), event_id, order_id, shares of one element map (canonical keys)."""
     def label_ok(c: Column, octets: bool = False) -> Column:
         size = F.octet_length(c) if octets else F.length(c)
@@ -107,35 +105,10 @@ def element_fields(m: Column) -> list[Column]:
     valid = (label_ok(m["id"], True) & label_ok(m["client"]) & label_ok(m["stock"])
              & shares.rlike(r"^[0-9]{1,16}$") & (shares.cast("long") > 0) & (shares.cast("long") <= MAX_SHARES)
              & (order.isNull() | label_ok(order, True)))
-    return [F.coalesce(valid, F.lit(False)).alias("valid"),
-            F.when(valid, F.when(order.isNull(), "request").otherwise("purchase")).alias("etype"),
-            F.when(valid, m["id"]).alias("event_id"), F.when(valid, F.coalesce(order, m["id"])).alias("order_id"),
-            F.when(valid, shares.cast("long")).alias("shares")]
-
-
-def _msgpack_json(body: bytes) -> str | None:
-    """One msgpack body as the JSON text of its elements' maps, values as the JSON path reads them."""
-    import msgspec
-
-    def text(v: Any) -> str | None:
-        if isinstance(v, bool):
-            return "\u0000bool"  # booleans are never valid ids or share counts
-        if isinstance(v, (int, str)):
-            return str(v)
-        return None if v is None else "\u0000" + type(v).__name__
-    try:
-        obj = msgspec.msgpack.decode(body)
-        items = obj if isinstance(obj, list) else [obj]
-        return json.dumps([{str(k): text(v) for k, v in item.items()} if isinstance(item, dict) else {"\u0000": None}
-                           for item in items])
-    except Exception:  # noqa: BLE001 - unreadable: no events
-        return None
-
-
-@F.pandas_udf(T.StringType())  # type: ignore[call-overload]
-def msgpack_as_json(bodies: pd.Series) -> pd.Series:
-    """Arrow batches of msgpack bodies to JSON text; only msgpack rows are ever sent here."""
-    return bodies.map(_msgpack_json, na_action="ignore")
+    return {"valid": F.coalesce(valid, F.lit(False)),
+            "etype": F.when(valid, F.when(order.isNull(), "request").otherwise("purchase")),
+            "event_id": F.when(valid, m["id"]), "order_id": F.when(valid, F.coalesce(order, m["id"])),
+            "shares": F.when(valid, shares.cast("long"))}
 
 
 def alerts_of(text: Column, message_id: Column) -> Column:
@@ -149,9 +122,11 @@ def alerts_of(text: Column, message_id: Column) -> Column:
     # The body is read only for a batch or an alert without a message id (never, from the engine).
     by_id = F.array(F.struct(message_id.alias("alert_id"), F.lit(None).cast("string").alias("kind"),
                              F.lit(None).cast("string").alias("order_id")))
-    alerts = (F.when(F.coalesce(s.startswith("["), F.lit(False)), F.from_json(s, T.ArrayType(ALERT)))
-              .when(message_id.isNotNull(), by_id).otherwise(single))
-    return F.filter(alerts, lambda a: a["alert_id"].isNotNull())
+    # Only what a body gives can lack an id: the lambda runs for those rows, not for every delivery.
+    def named(alerts: Column) -> Column:
+        return F.filter(alerts, lambda a: a["alert_id"].isNotNull())
+    return (F.when(F.coalesce(s.startswith("["), F.lit(False)), named(F.from_json(s, T.ArrayType(ALERT))))
+            .when(message_id.isNotNull(), by_id).otherwise(named(single)))
 
 
 def kind_of(alert_id: Column) -> Column:

@@ -9,6 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_analytics.bodies import DEFERRED
 from spark_analytics.meaning import SUM_CAP, _walk_partition, book_walk
 
 TTL = 700
@@ -47,14 +48,38 @@ def spark_sorted(events: list[Event]) -> pa.Table:
     """What the walk receives: whole orders, sorted by (vhost, order, type, id, ts, idx, shares)."""
     rows = sorted(events)
     names = ["vhost", "order_id", "etype", "event_id", "ts", "idx", "shares"]
-    return pa.table({**{n: [r[i] for r in rows] for i, n in enumerate(names)}, "valid": [True] * len(rows)})
+    return pa.table({**{n: [r[i] for r in rows] for i, n in enumerate(names)}, "valid": [True] * len(rows),
+                     "kind": pa.nulls(len(rows), pa.string()), "published_order_id": pa.nulls(len(rows), pa.string())})
 
 
 def walked(batch: pa.RecordBatch | pa.Table) -> dict[tuple[str, str], dict[str, Any]]:
-    rows = {(r.pop("vhost"), r.pop("order_id")): r for r in batch.to_pylist()}
-    for r in rows.values():
-        assert r.pop("unreadable") == 0 and r.pop("rejected") == 0
-    return rows
+    return {(r.pop("vhost"), r.pop("order_id")): r for r in batch.to_pylist()}
+
+
+def expected_alerts(books: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], tuple]:
+    """CONTRACT §1's alert per order, from its book: (vhost, alert id) -> (trigger time, trigger, book)."""
+    out = {}
+    for (vhost, order), b in books.items():
+        book = (b["first_ts"], b["close_ts"], b["purchased_shares"], b["late_events"])
+        if b["requested_shares"] is not None and b["purchased_shares"] > b["requested_shares"]:
+            trigger = f"request:{order}" if b["request_ts"] > b["crossing_ts"] else f"purchase:{b['crossing_id']}"
+            out[(vhost, f"over_purchase:{order}")] = (max(b["request_ts"], b["crossing_ts"]), trigger, *book)
+        elif b["requested_shares"] is None and b["purchase_count"] > 0:
+            out[(vhost, f"purchase_without_request:{order}")] = (b["close_ts"], "book close", *book)
+    return out
+
+
+def judged(rows: list[dict[str, Any]]) -> tuple[dict[tuple[str, str], tuple], dict[str, tuple[int, int, int]]]:
+    """The walk's output: alerts as `expected_alerts` gives them, and per vhost (copies, events, orders)."""
+    alerts = {(r["vhost"], r["alert_id"]): (r["expected_ts"], r["trigger_event"], r["first_ts"], r["close_ts"],
+                                            r["purchased_shares"], r["late_events"])
+              for r in rows if r["alert_id"] is not None}
+    counts: dict[str, tuple[int, int, int]] = {}
+    for r in rows:
+        if r["alert_id"] is None and r["copies"] is not None:
+            c = counts.get(r["vhost"], (0, 0, 0))
+            counts[r["vhost"]] = (c[0] + r["copies"], c[1] + r["events"], c[2] + r["orders"])
+    return alerts, counts
 
 
 events = st.lists(st.tuples(
@@ -76,8 +101,12 @@ def test_the_walk_is_contract_1(evs: list[Event]) -> None:
 def test_orders_cut_between_arrow_batches_are_walked_whole(evs: list[Event], size: int) -> None:
     evs = [(v, o, k, o if k == "request" else i, t, x, s) for v, o, k, i, t, x, s in evs]
     batches = spark_sorted(evs).to_batches(max_chunksize=size)
-    out = pa.Table.from_batches(list(_walk_partition(TTL)(iter(batches))))
-    assert walked(out) == reference(evs)
+    alerts, counts = judged(pa.Table.from_batches(list(_walk_partition(TTL)(iter(batches)))).to_pylist())
+    books = reference(evs)
+    assert alerts == expected_alerts(books)
+    assert counts == {v: (sum(b["copies"] for (vv, _), b in books.items() if vv == v),
+                          sum(b["events"] for (vv, _), b in books.items() if vv == v),
+                          sum(1 for vv, _ in books if vv == v)) for v in {v for v, _ in books}}
 
 
 def test_running_sums_saturate_instead_of_overflowing() -> None:
@@ -96,13 +125,70 @@ def test_events_of_one_time_are_walked_in_message_order() -> None:
 
 
 def test_elements_that_are_not_events_are_counted_per_deployment_not_walked() -> None:
-    good = spark_sorted([("/", "o", "request", "o", 0, 0, 5), ("/", "o", "purchase", "p", 1, 0, 9)])
-    junk = pa.table({"vhost": ["/", "b", "b"], "order_id": pa.nulls(3, pa.string()), "etype": pa.nulls(3, pa.string()),
-                     "event_id": pa.nulls(3, pa.string()), "ts": [5, 5, 6], "idx": [None, 3, 0],
-                     "shares": pa.nulls(3, pa.int64()), "valid": [False, False, False]})
+    good = spark_sorted([("/", "o", "request", "o", 0, 0, 5), ("/", "o", "purchase", "p", 1, 0, 9)]).drop_columns(
+        ["kind", "published_order_id"])
+    junk = pa.table({"vhost": ["/", "b", "b", "b"], "order_id": pa.nulls(4, pa.string()),
+                     "etype": pa.nulls(4, pa.string()), "event_id": pa.nulls(4, pa.string()), "ts": [5, 5, 6, 7],
+                     "idx": [None, 3, 0, DEFERRED], "shares": pa.nulls(4, pa.int64()), "valid": [False] * 4})
     batches = [*good.slice(0, 1).to_batches(), *junk.to_batches(), *good.slice(1).to_batches()]
     out = pa.Table.from_batches(list(_walk_partition(TTL)(iter(batches)))).to_pylist()
-    counted = {r["vhost"]: (r["unreadable"], r["rejected"]) for r in out if r["order_id"] is None}
-    assert counted == {"/": (1, 0), "b": (0, 2)}
-    (order,) = [r for r in out if r["order_id"] is not None]
-    assert order["purchased_shares"] == 9 and order["crossing_id"] == "p" and order["copies"] == 2
+    counted = {v: tuple(sum(r[k] for r in out if r["vhost"] == v and r[k] is not None)
+                        for k in ("unreadable", "rejected", "deferred")) for v in ("/", "b")}
+    assert counted == {"/": (1, 0, 0), "b": (0, 2, 1)}, "a body left to Spark's parser is neither"
+    (alert,) = [r for r in out if r["alert_id"] is not None]
+    assert (alert["alert_id"], alert["purchased_shares"], alert["trigger_event"]) == (
+        "over_purchase:o", 9, "purchase:p")
+    assert [r["copies"] for r in out if r["copies"] is not None] == [2]
+
+
+Publish = tuple[str, str, int]  # vhost, alert_id, ts
+
+
+def order_of(alert_id: str) -> str:
+    kind, colon, order = alert_id.partition(":")
+    return order if colon and kind else ""
+
+
+def with_publishes(evs: list[Event], pubs: list[Publish]) -> pa.Table:
+    """Events and alert publishes as the walk receives them: by (vhost, order), publishes first."""
+    rows = [(v, o, k, i, t, x, s, None, None) for v, o, k, i, t, x, s in evs]
+    rows += [(v, order_of(a), None, a, t, None, None, a.partition(":")[0], order_of(a)) for v, a, t in pubs]
+    rows.sort(key=lambda r: (r[0], r[1], r[2] is not None, r[2] or "", r[3], r[4], r[5] or 0, r[6] or 0))
+    names = ["vhost", "order_id", "etype", "event_id", "ts", "idx", "shares", "kind", "published_order_id"]
+    types = [pa.string()] * 4 + [pa.int64(), pa.int32(), pa.int64(), pa.string(), pa.string()]
+    columns = {n: pa.array([r[i] for r in rows], t) for i, (n, t) in enumerate(zip(names, types, strict=True))}
+    return pa.table({**columns, "valid": [True] * len(rows)})
+
+
+def joined_reference(evs: list[Event], pubs: list[Publish]) -> dict[tuple[str, str], tuple]:
+    """The audit's join before it moved into the walk: expected ⟗ published alerts on (vhost,
+    alert id), then each with its order's book."""
+    books = reference(evs)
+    expected = expected_alerts(books)
+    out = {}
+    for key in set(expected) | {(v, a) for v, a, _ in pubs}:
+        times = [t for v, a, t in pubs if (v, a) == key]
+        book = books.get((key[0], order_of(key[1])))
+        out[key] = (order_of(key[1]), *(expected[key][:2] if key in expected else (None, None)), len(times),
+                    min(times, default=None), *((book["first_ts"], book["purchased_shares"]) if book else (None, None)))
+    return out
+
+
+publishes = st.lists(st.tuples(st.sampled_from(["/", "b"]), st.sampled_from(
+    ["over_purchase:1", "over_purchase:2", "purchase_without_request:3", "purchase_without_request:1", "weird",
+     ":1", "over_purchase:1:x", "kind:9"]), st.integers(0, 150).map(lambda t: t * 10)), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(events, publishes, st.integers(1, 9))
+def test_alerts_expected_and_published_meet_in_the_walk(evs: list[Event], pubs: list[Publish], size: int) -> None:
+    """Missed (expected, no publish), spurious (published, not expected; also for an order with no
+    events, or an id naming no order), duplicates (publishes counted): as the joins gave them."""
+    evs = [(v, o, k, o if k == "request" else i, t, x, s) for v, o, k, i, t, x, s in evs]
+    batches = with_publishes(evs, pubs).to_batches(max_chunksize=size)
+    rows = pa.Table.from_batches(list(_walk_partition(TTL)(iter(batches)))).to_pylist()
+    got = {(r["vhost"], r["alert_id"]): (r["order_id"], r["expected_ts"], r["trigger_event"], r["publishes"],
+                                         r["first_publish_ts"], r["first_ts"], r["purchased_shares"])
+           for r in rows if r["alert_id"] is not None}
+    assert got == joined_reference(evs, pubs)
+    assert sum(r["publishes"] or 0 for r in rows) == len(pubs)
