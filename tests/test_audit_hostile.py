@@ -11,6 +11,7 @@ import asyncio
 import gzip
 import json
 import random
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import aio_pika
@@ -48,15 +49,21 @@ def audit(spark, root: Path, out: Path, **options) -> tuple[int, dict, list[tupl
     return code, info, sorted(found, key=str)
 
 
-async def record(settings: Settings, steps: list[tuple], name: str) -> int:
-    """Publish `steps` into the settings' vhost with a recorder of its own; returns records."""
+async def record(settings: Settings, steps: list[tuple], name: str, starting: asyncio.Lock | None = None) -> int:
+    """Publish `steps` into the settings' vhost with a recorder of its own; returns records.
+
+    Recorders share `starting` while they turn their firehose on: RabbitMQ keeps the traced
+    vhosts in one node-wide list, and two `trace_on`s at the same moment can leave one vhost
+    off (the recorder then marks a gap and turns it on again, 5 s later: after the steps)."""
     settings = settings.model_copy(update={"channels": [LogChannel(name="ops", kind="log")]})
     declare(settings, echo=lambda _: None)
     tracer = build(settings, heartbeat_seconds=0.5, linger_seconds=0.05)
     tracer.recorder = f"test{name}-1"  # two recorders in one process: their own part files
     tracer.writer = PartWriter(tracer.root, tracer.recorder)
     recorded = 0
-    async with Running(tracer):
+    async with AsyncExitStack() as stack:
+        async with starting or asyncio.Lock():
+            await stack.enter_async_context(Running(tracer))
         connection = await aio_pika.connect(tracer.settings.amqp_url)
         async with connection:
             channel = await connection.channel()
@@ -114,7 +121,8 @@ async def test_junk_and_two_deployments_in_one_directory(settings: Settings, vho
         steps_a = stream[:3] + JUNK + stream[3:]
         steps_b = stream[:8] + stream[12:]  # without order 20's three trades and its alert
         assert [s[1] for s in stream[8:12]][-1] == b"over_purchase:20"
-        await asyncio.gather(record(settings, steps_a, "A"), record(settings_b, steps_b, "B"))
+        starting = asyncio.Lock()
+        await asyncio.gather(record(settings, steps_a, "A", starting), record(settings_b, steps_b, "B", starting))
     finally:
         services.delete_vhost(other)
     root = Path(settings.traces_dir)
