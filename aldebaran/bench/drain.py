@@ -87,7 +87,8 @@ async def fill(place: Place, bodies: Sequence[Body]) -> None:
 
 
 async def tap(place: Place, received: Counter[str], seen_at: list[float]) -> aiormq.abc.AbstractConnection:
-    """Count every alert on `Aldebaran.Alert` (both forms) by alert id, and when each came."""
+    """Count every alert on `Aldebaran.Alert` (both forms) by alert id, and when each message
+    holding an `over_purchase` came (fired by an event; the others fire at book close)."""
     connection = await aiormq.connect(place.amqp_url)
     channel = await connection.channel()
     await channel.queue_declare(TAP, durable=False, exclusive=True)
@@ -95,9 +96,13 @@ async def tap(place: Place, received: Counter[str], seen_at: list[float]) -> aio
     decoder = msgspec.json.Decoder()
 
     async def on_alert(message: aiormq.abc.DeliveredMessage) -> None:
+        fired = False
         for raw in split_alerts(message.body):
-            received[decoder.decode(raw)["alert_id"]] += 1
-        seen_at.append(time.monotonic())
+            alert_id = decoder.decode(raw)["alert_id"]
+            received[alert_id] += 1
+            fired |= alert_id.startswith("over_purchase:")
+        if fired:
+            seen_at.append(time.monotonic())
 
     await channel.basic_consume(TAP, on_alert, no_ack=True)
     return connection
