@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import quote
 
 import psutil
@@ -20,8 +22,20 @@ from tests.test_engine import _env, _owns_books, _publish_adversarial, _republis
 HANDOVER_QUEUES = ("aldebaran.engine.partition.0", "aldebaran.engine.partition.1")
 
 
-def _partitioned_env(vhost: services.Vhost, prefix: str, tmp_path, ttl: str) -> dict[str, str]:
-    return dict(_env(vhost, prefix, tmp_path, ttl=ttl), ALDEBARAN_ENGINE__PARTITIONS="2")
+@contextmanager
+def _partitioned_up(vhost: services.Vhost, prefix: str, tmp_path) -> Iterator[tuple[Broker, Pipeline]]:
+    """`aldebaran up` with two partitioned engines (a 6 s book ttl) and a tap on the alerts."""
+    env = dict(_env(vhost, prefix, tmp_path, ttl="6"), ALDEBARAN_ENGINE__PARTITIONS="2")
+    declare(env)
+    broker = Broker(vhost.amqp_url)
+    broker.tap_alerts()
+    pipeline = Pipeline(env, tmp_path / "up.log").start()
+    try:
+        _wait_parent_ready(pipeline)
+        yield broker, pipeline
+    finally:
+        pipeline.stop()
+        broker.close()
 
 
 def _children(pipeline: Pipeline) -> list[psutil.Process]:
@@ -33,13 +47,7 @@ def test_two_partitions_fire_every_alert_of_an_adversarial_stream_once(vhost, re
     """Out of order, duplicated, orphaned, junk inside batches, batches published twice: `up` runs one
     engine per partition; each applies its own books and hands the others' events over."""
     stream = generate(orders=400, seed=7, orphans=0.05)
-    env = _partitioned_env(vhost, redis_prefix, tmp_path, ttl="6")
-    declare(env)
-    broker = Broker(vhost.amqp_url)
-    broker.tap_alerts()
-    pipeline = Pipeline(env, tmp_path / "up.log").start()
-    try:
-        _wait_parent_ready(pipeline)
+    with _partitioned_up(vhost, redis_prefix, tmp_path) as (broker, pipeline):
         wait_until(lambda: _owns_books(pipeline.log(), 2), "both partitions to own their books", timeout=60)
         junk = _publish_adversarial(broker, stream.events)
         alerts = collect_alerts(broker, expected=len(stream.expected), timeout=120, settle=4)
@@ -49,9 +57,6 @@ def test_two_partitions_fire_every_alert_of_an_adversarial_stream_once(vhost, re
         wait_until(lambda: all(_published(vhost, queue) for queue in HANDOVER_QUEUES), "handovers both ways",
                    timeout=60, pause=0.5)
         log = pipeline.log()
-    finally:
-        pipeline.stop()
-        broker.close()
     counts = alert_counts(alerts)
     assert set(counts) == stream.expected
     assert max(counts.values()) == 1, [a for a, n in counts.items() if n > 1]
@@ -65,14 +70,8 @@ def test_two_partitions_fire_every_alert_of_an_adversarial_stream_once(vhost, re
 def test_sigkill_of_each_partitions_engine_mid_stream_loses_and_duplicates_nothing(
         vhost, redis_prefix, tmp_path) -> None:
     stream = generate(orders=2000, seed=17, orphans=0.03)
-    env = _partitioned_env(vhost, redis_prefix, tmp_path, ttl="6")
-    declare(env)
-    broker = Broker(vhost.amqp_url)
-    broker.tap_alerts()
-    pipeline = Pipeline(env, tmp_path / "up.log").start()
     killed: list[int] = []
-    try:
-        _wait_parent_ready(pipeline)
+    with _partitioned_up(vhost, redis_prefix, tmp_path) as (broker, pipeline):
         third = len(stream.events) // 3
         for part in range(3):
             wait_until(lambda: _owns_books(pipeline.log(), 2 + len(killed)),  # every engine recovered
@@ -87,9 +86,6 @@ def test_sigkill_of_each_partitions_engine_mid_stream_loses_and_duplicates_nothi
             killed.append(victim.pid)
         alerts = collect_alerts(broker, expected=len(stream.expected), timeout=120, settle=6)
         log = pipeline.log()
-    finally:
-        pipeline.stop()
-        broker.close()
     assert len(killed) == 2
     counts = alert_counts(alerts)
     missing, extra = stream.expected - set(counts), set(counts) - stream.expected
