@@ -13,7 +13,15 @@ from typing import Annotated, Any
 
 import msgspec
 
-from aldebaran.trades.events import MAX_ID_BYTES, MAX_SHARES, Purchase, PurchaseRequest, TradeEvent, id_too_long
+from aldebaran.trades.events import (
+    MAX_ID_BYTES,
+    MAX_SHARES,
+    SHORT_ID,
+    Purchase,
+    PurchaseRequest,
+    TradeEvent,
+    id_too_long,
+)
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -140,7 +148,7 @@ def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
         ident = wire.id
         if isinstance(ident, int):  # msgspec never yields a bool here
             ident = str(ident)
-        elif not ident.strip() or id_too_long(ident) is not None:
+        elif not ident.strip() or (len(ident) > SHORT_ID and id_too_long(ident) is not None):
             return None
         client, stock = wire.client, wire.stock
         if not (client.strip() and stock.strip()):
@@ -151,7 +159,7 @@ def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
             continue
         if isinstance(order, int):
             order = str(order)
-        elif not order.strip() or id_too_long(order) is not None:
+        elif not order.strip() or (len(order) > SHORT_ID and id_too_long(order) is not None):
             return None
         append(Purchase(ident, order, wire.shares, client, stock))
     return events
