@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -64,5 +65,6 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     for row in rows[:6]:  # correctness, not speed: every alert once, none wrong
         ok, wrong, missing, dup = (cell.strip() for cell in row.split("|")[7].split("/"))
         assert (wrong, missing, dup) == ("0", "0", "0") and int(ok.replace(",", "")) > 0, row
+    assert re.search(r"The engine step alone .*: \d+\.\d\d µs of CPU per event in 1000-event msgpack", report)
     for row in rows[4:6]:  # alert-heavy: both channels got every alert once
         assert "queue-api" in row and "0 repeated" in row, row

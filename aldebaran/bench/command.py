@@ -102,6 +102,8 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
         _print(drains[-1:])
     paced_rows = await _paced_rows(settings, args, low, workdir) if "engine" in systems and "paced" in chosen else []
     notes += _notes(args)
+    if "engine" in systems:
+        notes.append(_pure_note(settings, msgpack_bodies, json_bodies))
     load = "/".join(f"{x:.2f}" for x in load_before) + " before, " + "/".join(f"{x:.2f}" for x in os.getloadavg())
     notes.insert(0, f"Machine: {os.cpu_count()} cores; load average (1/5/15 min) {load} after: the machine is "
                     "shared, so compare rows of one table only.")
@@ -201,6 +203,29 @@ def _notes(args: argparse.Namespace) -> list[str]:
         "The engine: crash-safe as documented in docs/engine.md: every acked event is in the Redis write-ahead "
         "log, every alert is recorded and confirmed on Aldebaran.Alert before the events that fired it are acked.",
     ]
+
+
+def _pure_note(settings: Settings, msgpack_bodies: list[Body], json_bodies: list[Body]) -> str:
+    """The engine step alone (`aldebaran/bench/pure.py`) on the first million events of each shape."""
+    from aldebaran.bench.pure import cycle_us_per_event
+
+    def first(bodies: list[Body], events: int = 1_000_000) -> list[Body]:
+        taken: list[Body] = []
+        count = 0
+        for body in bodies:
+            if count >= events:
+                break
+            taken.append(body)
+            count += body.events
+        return taken
+
+    msgpack = cycle_us_per_event(settings, first(msgpack_bodies), per_cycle=1)
+    json = cycle_us_per_event(settings, first(json_bodies), per_cycle=8)
+    line = (f"The engine step alone (`Engine.cycle`: decode, dedup, books, rule; no broker, no Redis; "
+            f"best of 3 over up to 1M events): {msgpack:.2f} µs of CPU per event in 1000-event msgpack "
+            f"messages, {json:.2f} in 100-event JSON.")
+    print(line, flush=True)
+    return line
 
 
 def _print(rows: list[str]) -> None:
