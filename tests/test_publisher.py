@@ -8,11 +8,11 @@ import pika
 import pytest
 
 from aldebaran.errors import PublishRefused
-from aldebaran.io.publisher import Body, publish_bodies
+from aldebaran.io.publisher import Body, publish_bodies, published_ms
 from aldebaran.metrics import UNROUTABLE
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import PurchaseRequest
-from declare.topology import TRADE_DATA
+from declare.topology import PUBLISHED_HEADER, PUBLISHED_MS_HEADER, TRADE_DATA
 
 
 def test_an_exchange_without_its_queue_is_an_error_naming_declare_not_a_silent_confirm(settings) -> None:
@@ -85,3 +85,37 @@ def _take_all(settings) -> list[bytes]:
             out.append(body)
     finally:
         connection.close()
+
+
+def test_the_publish_stamp_is_sub_millisecond_and_read_back_as_sent(settings) -> None:
+    """Whole milliseconds made every measured latency up to 1 ms long (0.5 ms on average),
+    against a 5 ms target: the stamp is a float, read back as the same instant."""
+    import time
+
+    from declare.declarer import declare
+
+    assert declare(settings, echo=lambda _: None) > 0
+    before = time.time_ns() // 1000
+    asyncio.run(publish_bodies(settings, [Body(encode_json([PurchaseRequest("stamped", 1, "c", "s")]), 1)]))
+    after = time.time_ns() // 1000
+    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
+    try:
+        method, properties, _ = connection.channel().basic_get(TRADE_DATA, auto_ack=True)
+    finally:
+        connection.close()
+    assert method is not None
+    stamp = properties.headers[PUBLISHED_HEADER]
+    assert isinstance(stamp, int) and before <= stamp <= after  # microseconds
+    assert published_ms(properties.headers) == stamp / 1000
+
+
+@pytest.mark.parametrize("value", [None, True, "1700000000000", 1.7e15, float("nan"), -5, 0, 10**19])
+def test_a_publish_stamp_that_is_not_a_time_reads_as_none(value) -> None:
+    assert published_ms({PUBLISHED_HEADER: value}) == 0.0
+    assert published_ms({PUBLISHED_MS_HEADER: value}) == 0.0
+    assert published_ms(None) == 0.0
+
+
+def test_an_older_publishers_millisecond_stamp_still_reads() -> None:
+    assert published_ms({PUBLISHED_MS_HEADER: 1_700_000_000_123}) == 1_700_000_000_123.0
+    assert published_ms({PUBLISHED_HEADER: 1_700_000_000_123_456}) == 1_700_000_000_123.456

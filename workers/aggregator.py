@@ -37,19 +37,27 @@ from aldebaran.core.rule import Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.pipeline_watermark import RECORD_SECONDS, REDIS_ERRORS, WatermarkWriter, restart_stamp
+from aldebaran.io.publisher import published_ms as published_stamp
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
 from aldebaran.metrics import BATCH_EVENTS, DEAD_LETTERED, EVENTS_CONSUMED, INGEST_LAG, UNROUTABLE
 from aldebaran.settings import Settings
 from aldebaran.trades.codec import DecodeError, dead_letters
 from declare.declarer import declare_async
-from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA, WORK_QUEUE, book_queue, book_queue_arguments
+from declare.topology import (
+    DEAD_LETTER,
+    PUBLISHED_HEADER,
+    REASON_HEADER,
+    TRADE_DATA,
+    WORK_QUEUE,
+    book_queue,
+    book_queue_arguments,
+)
 from workers.runtime import Lifecycle
 
 log = get_logger("aggregator")
 INGEST_HEADER = "x-aldebaran-ingest-ms"
 DECLARE_CHANNELS = 8
-PUBLISHED_HEADER = "x-aldebaran-published-ms"
 ATTEMPTS_REMEMBERED = 10_000
 
 
@@ -221,8 +229,8 @@ class Aggregator:
 
     def _outputs(self, message: aio_pika.abc.AbstractIncomingMessage) -> list[Any]:
         decoded = self.codec.decode(message.body, message.content_type, self.settings.max_message_bytes)
-        published_ms = (message.headers or {}).get(PUBLISHED_HEADER)
-        if isinstance(published_ms, int):
+        published_ms = published_stamp(message.headers)
+        if published_ms:
             INGEST_LAG.labels(stage="aggregator").set(max(0.0, time.time() - published_ms / 1000))
         BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
         outputs = [self._dead_letter(message, reject) for reject in dead_letters(decoded, message.body)]
@@ -233,7 +241,7 @@ class Aggregator:
                     outputs.append(self._route(rule, event, published_ms, bool(message.redelivered)))
         return outputs
 
-    async def _route(self, rule: Rule[Any], event: Any, published_ms: Any, redelivered: bool = False) -> None:
+    async def _route(self, rule: Rule[Any], event: Any, published_ms: float, redelivered: bool = False) -> None:
         key = rule.key(event, time.time())  # the routing clock: a windowed key's time
         queue = book_queue(rule.queue_prefix, key)
         first = await self.cache.ensure(queue, self._declare_book)
@@ -242,8 +250,8 @@ class Aggregator:
         assert self.clock is not None
         stamp = self.clock.stamp(time.monotonic())
         headers: dict[str, Any] = {INGEST_HEADER: stamp, "x-aldebaran-app": rule.name}
-        if isinstance(published_ms, int):
-            headers[PUBLISHED_HEADER] = published_ms
+        if published_ms:
+            headers[PUBLISHED_HEADER] = round(published_ms * 1000)
         assert self._default is not None
         publishes = [self._default.publish(
             amqp.persistent(rule.codec.pack(event), headers=headers, content_type="application/msgpack"),

@@ -23,9 +23,10 @@ import msgspec
 from aldebaran.core.book import Book, Outcome
 from aldebaran.core.rule import Alert, Rule
 from aldebaran.io.alert_outbox import Emitted, is_witness
+from aldebaran.io.publisher import published_ms as published_stamp
 from aldebaran.log import get_logger
 from aldebaran.metrics import BOOK_EVENTS, CONFLICTING_DUPLICATES, PROCESSING_LATENCY, RULE_ERRORS
-from workers.aggregator import INGEST_HEADER, PUBLISHED_HEADER, WorkItem
+from workers.aggregator import INGEST_HEADER, WorkItem
 
 if TYPE_CHECKING:
     from workers.books import BookManager
@@ -234,8 +235,8 @@ class BookConsumer:
             await self.manager.dead_letter(message, reason[:1000])
             return
         BOOK_EVENTS.labels(outcome=offer.outcome.value).inc()
-        published_ms = headers.get(PUBLISHED_HEADER)
-        if isinstance(published_ms, int):
+        published_ms = published_stamp(headers)
+        if published_ms:
             PROCESSING_LATENCY.labels(stage="book").observe(max(0.0, time.time() - published_ms / 1000))
         if offer.outcome is Outcome.LATE:
             self.log.info("late event: after the book's deadline", ingest_ms=ingest_ms,
@@ -250,7 +251,7 @@ class BookConsumer:
         self.held.append(message)
         for alert in offer.alerts:
             await self._emit(alert)
-            if isinstance(published_ms, int):
+            if published_ms:
                 PROCESSING_LATENCY.labels(stage="alert").observe(max(0.0, time.time() - published_ms / 1000))
         if self.book.final:
             if not self.doubts:

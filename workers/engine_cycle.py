@@ -17,7 +17,7 @@ class Delivery:
 
     tag: int
     message: WalMessage
-    published_ms: int
+    published_ms: float
 
 
 @dataclass(slots=True)
@@ -26,7 +26,7 @@ class CycleOutput:
 
     last_tag: int
     rejects: list[tuple[bytes, str, str]]  # (the element's bytes, the reason, its log throttle key)
-    oldest_published_ms: int
+    oldest_published_ms: float
     handovers: list[tuple[str, bytes]]  # (the owning partition's queue, the events of its books)
     alert_ids: list[str] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)

@@ -23,7 +23,7 @@ from aldebaran.io.alert_bus import publish_alerts
 from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_queue
 from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.handover import hand_over
-from aldebaran.io.publisher import PUBLISHED_HEADER
+from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, PROCESSING_LATENCY
 from declare.declarer import declare_async
@@ -115,12 +115,10 @@ class Session:
 
     def _take(self, message: aiormq.abc.DeliveredMessage, handed_over: bool) -> None:
         properties = message.header.properties
-        headers = properties.headers or {}
-        published = headers.get(PUBLISHED_HEADER)
         tag = message.delivery_tag
         assert tag is not None, "a consumed message always carries its delivery tag"
         self.batcher.add(Delivery(tag, WalMessage(properties.content_type or "", message.body, handed_over),
-                                  published if isinstance(published, int) and not handed_over else 0))
+                                  0.0 if handed_over else published_ms(properties.headers)))
         if self.batcher.ready:
             self.arrived.set()
 

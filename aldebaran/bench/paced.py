@@ -1,7 +1,7 @@
 """The paced run: the engine at a fixed offered rate, with publish->book and publish->alert latencies.
 
 The publisher (a process of its own: `paced_publisher`) stamps every message with its publish
-time (`x-aldebaran-published-ms`); the engine, given a samples directory, records wall-clock
+time (`x-aldebaran-published-us`); the engine, given a samples directory, records wall-clock
 latency per message when its cycle committed (book) and per alert when the batch holding it
 was confirmed (alert).
 """

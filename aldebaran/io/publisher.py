@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import aio_pika
@@ -31,10 +31,24 @@ from aldebaran.io.amqp import backoff_delay
 from aldebaran.log import get_logger
 from aldebaran.metrics import PUBLISH_NACKS, UNROUTABLE
 from aldebaran.settings import Settings, mask_url
-from declare.topology import TRADE_DATA
+from declare.topology import PUBLISHED_HEADER, PUBLISHED_MS_HEADER, TRADE_DATA
 
 log = get_logger("publisher")
-PUBLISHED_HEADER = "x-aldebaran-published-ms"
+
+
+def published_ms(headers: Mapping[str, object] | None) -> float:
+    """The publish stamp of a message's headers in epoch ms; 0.0 when absent or not a time."""
+    headers = headers or {}
+    for name, scale in ((PUBLISHED_HEADER, 1000), (PUBLISHED_MS_HEADER, 1)):
+        value = headers.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 10**13 * scale:
+            return value / scale
+    return 0.0
+
+
+def publish_stamp() -> int:
+    """Now, as the publish header carries it."""
+    return time.time_ns() // 1000
 
 
 @dataclass
@@ -151,7 +165,7 @@ class _Sender:
         message = aio_pika.Message(
             body.data, content_type=body.content_type,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            headers={PUBLISHED_HEADER: int(time.time() * 1000)})
+            headers={PUBLISHED_HEADER: publish_stamp()})
         generation, exchange = self.link.generation, self.link.exchange
         assert exchange is not None
         try:
