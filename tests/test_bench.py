@@ -62,6 +62,10 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     assert len(rows) == 8, report
     assert [("2 processes, partitioned" in row) for row in rows[:6]] == [False, True] * 3, rows
     assert "in 1000-event messages" in rows[6] and "in 100-event messages" in rows[7], rows[6:]
+    floors = [line for line in report.splitlines() if line.startswith("| broker floor")]
+    assert len(floors) == 2, report  # the broker's own publish -> delivered under each paced load
+    for row in floors:  # every message delivered and stamped: a p50 of the floor is a number
+        assert float(row.split("|")[4].split("/")[0]) >= 0 and row.split("|")[5].strip() == "– / – / –", row
     for row in rows[:6]:  # correctness, not speed: every alert once, none wrong
         ok, wrong, missing, dup = (cell.strip() for cell in row.split("|")[7].split("/"))
         assert (wrong, missing, dup) == ("0", "0", "0") and int(ok.replace(",", "")) > 0, row

@@ -100,7 +100,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
         drains += table.drain_rows("low-alert, 1000-event msgpack, sustained", [sustained[0]],
                                    {sustained[0].name: sustained[1]})
         _print(drains[-1:])
-    paced_rows = await _paced_rows(settings, args, low, workdir) if "engine" in systems and "paced" in chosen else []
+    paced_rows = await _paced_rows(settings, args, systems, low, workdir) if "paced" in chosen else []
     notes += _notes(args)
     if "engine" in systems:
         notes.append(_pure_note(settings, msgpack_bodies, json_bodies))
@@ -116,20 +116,27 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _paced_rows(settings: Settings, args: argparse.Namespace, low: Workload, workdir: Path) -> list[str]:
+async def _paced_rows(settings: Settings, args: argparse.Namespace, systems: list[str], low: Workload,
+                      workdir: Path) -> list[str]:
     """The engine paced at the offered rate, in 1000-event messages and in 100-event ones (a
     1000-event message takes ~10 ms to fill at 100k events/s; a publisher flushing every
-    millisecond sends ~100-event ones; latency is measured from the publish)."""
+    millisecond sends ~100-event ones; latency is measured from the publish), each after the
+    broker's own floor under the same load when `raw` is among the systems."""
     from aldebaran.bench import table
     from aldebaran.bench.environment import Place
-    from aldebaran.bench.paced import paced
+    from aldebaran.bench.paced import paced, paced_floor
 
     rows = []
     for shape in (low, low.rebatched(100)):
-        with Place(settings) as place:
-            run = await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir)
-        rows.append(table.paced_row(run))
-        _print(rows[-1:])
+        runs = []
+        if "raw" in systems:
+            with Place(settings) as place:
+                runs.append(await paced_floor(place, shape, args.paced_rate, args.paced_seconds, workdir))
+        if "engine" in systems:
+            with Place(settings) as place:
+                runs.append(await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir))
+        rows += [table.paced_row(run) for run in runs]
+        _print(rows[-len(runs):] if runs else [])
     return rows
 
 

@@ -12,6 +12,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,26 +80,67 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
         while not scrape([port]):
             await asyncio.sleep(0.1)
         await asyncio.sleep(1.0)  # consuming: the metrics server starts before the session
-        source = Path(samples) / "bodies.msgpack"
-        write_bodies(source, _offered(workload, rate * seconds))
-        meter = CpuMeter()
-        meter.start([worker.pid])
-        started = time.monotonic()
-        publisher = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aldebaran.bench.paced_publisher", str(source), str(rate),
-            env=place.env(ALDEBARAN_LOG_LEVEL="warning"), stdout=asyncio.subprocess.PIPE)
-        out, _ = await publisher.communicate()
-        if publisher.returncode != 0:
-            raise RuntimeError(f"the paced publisher exited with {publisher.returncode}")
-        published = int(out.split()[-1])
-        while total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total") < published:
-            await asyncio.sleep(0.1)
-        result.seconds = time.monotonic() - started
-        result.cpu = meter.stop()
-        result.events = published
+
+        async def applied(published: int) -> None:
+            while total(await asyncio.to_thread(scrape, [port]), "aldebaran_book_events_total") < published:
+                await asyncio.sleep(0.1)
+
+        bodies = _offered(workload, rate * seconds)
+        await _publish_and_meter(result, place, bodies, worker.pid, Path(samples), applied)
         await asyncio.sleep(1.0)  # the last alert batches confirmed and sampled
     finally:
         await stop_process(worker)
     measured = read_samples(samples)
     result.latency = {"book": percentiles(measured["book"]), "alert": percentiles(measured["alert"])}
     return result
+
+
+async def paced_floor(place: Place, workload: Workload, rate: float, seconds: float, workdir: Path) -> Paced:
+    """The same paced load taken by a consumer that only acks (`paced_floor`): the broker's
+    publish -> delivered floor beside the engine's publish -> book."""
+    from declare.declarer import declare
+
+    result = Paced(f"broker floor (aiormq consume + ack), paced at {rate:,.0f} events/s offered in "
+                   f"{workload.batch}-event messages", rate)
+    samples = tempfile.mkdtemp(prefix="aldebaran-bench-", dir=workdir)
+    await asyncio.to_thread(declare, place.settings(), lambda _: None)
+    bodies = _offered(workload, rate * seconds)
+    consumer = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aldebaran.bench.paced_floor", samples, str(len(bodies)),
+        env=place.env(ALDEBARAN_LOG_LEVEL="warning"))
+    try:
+        async def taken(_: int) -> None:
+            await asyncio.wait_for(consumer.wait(), timeout=120)
+            if consumer.returncode != 0:
+                raise RuntimeError(f"the floor consumer exited with {consumer.returncode}")
+
+        await _publish_and_meter(result, place, bodies, consumer.pid, Path(samples), taken)
+    finally:
+        await stop_process(consumer)
+    result.latency = {"book": percentiles(read_samples(samples)["book"])}
+    return result
+
+
+async def _publish_and_meter(result: Paced, place: Place, bodies: list[Body], consumer: int, samples: Path,
+                             consumed: Callable[[int], Awaitable[None]]) -> None:
+    """Publish `bodies` at the offered rate (the paced publisher) until `consumed(published)`
+    returns; the consumer's (`consumer` and its children), RabbitMQ's and Redis's cores over
+    that span into `result.cpu`."""
+    source = samples / "bodies.msgpack"
+    write_bodies(source, bodies)
+    meter = CpuMeter()
+    meter.start([consumer])
+    started = time.monotonic()
+    publisher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aldebaran.bench.paced_publisher", str(source), str(result.offered),
+        env=place.env(ALDEBARAN_LOG_LEVEL="warning"), stdout=asyncio.subprocess.PIPE)
+    out, _ = await publisher.communicate()
+    if publisher.returncode != 0:
+        raise RuntimeError(f"the paced publisher exited with {publisher.returncode}")
+    published = int(out.split()[-1])
+    await consumed(published)
+    result.seconds = time.monotonic() - started
+    cores = meter.stop()
+    result.cpu = {"consumer": sum(v for k, v in cores.items() if k not in ("rabbitmq", "redis", "bench")),
+                  "rabbitmq": cores.get("rabbitmq", 0.0), "redis": cores.get("redis", 0.0)}
+    result.events = published

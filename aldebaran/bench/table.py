@@ -58,8 +58,8 @@ DRAIN_HEADER = ("| workload | system | events/s | × hand-written | × Bytewax |
                 "Redis = machine | alerts ok / wrong / missing / dup | last over_purchase out after the last event "
                 "| note |\n"
                 "|---|---|---:|---:|---:|---|---|---:|---|")
-PACED_HEADER = ("| run | offered events/s | events | publish→book p50 / p95 / p99 (ms) | "
-                "publish→alert confirmed p50 / p95 / p99 (ms) | CPU cores (engine, RabbitMQ, Redis) |\n"
+PACED_HEADER = ("| run | offered events/s | events | publish→book (floor: →delivered) p50 / p95 / p99 (ms) | "
+                "publish→alert confirmed p50 / p95 / p99 (ms) | CPU cores (consumer, RabbitMQ, Redis) |\n"
                 "|---|---:|---:|---|---|---|")
 
 
@@ -68,7 +68,7 @@ def paced_row(run: Paced) -> str:
         marks = run.latency.get(stage) or {}
         return " / ".join(f"{marks[m]:.1f}" if m in marks else "–" for m in ("p50", "p95", "p99"))
 
-    cores = ", ".join(f"{run.cpu.get(k, 0):.2f}" for k in ("engine", "rabbitmq", "redis"))
+    cores = ", ".join(f"{run.cpu.get(k, 0):.2f}" for k in ("consumer", "rabbitmq", "redis"))
     return f"| {run.name} | {run.offered:,.0f} | {run.events:,} | {cell('book')} | {cell('alert')} | {cores} |"
 
 
