@@ -107,12 +107,17 @@ async def paced_floor(place: Place, workload: Workload, rate: float, seconds: fl
     bodies = _offered(workload, rate * seconds)
     consumer = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aldebaran.bench.paced_floor", samples, str(len(bodies)),
-        env=place.env(ALDEBARAN_LOG_LEVEL="warning"))
+        env=place.env(ALDEBARAN_LOG_LEVEL="warning"), stdout=asyncio.subprocess.PIPE)
     try:
+        async def said(word: bytes) -> None:
+            assert consumer.stdout is not None
+            if await asyncio.wait_for(consumer.stdout.readline(), timeout=120) != word + b"\n":
+                raise RuntimeError(f"the floor consumer ended early (exit {await consumer.wait()})")
+
         async def taken(_: int) -> None:
-            await asyncio.wait_for(consumer.wait(), timeout=120)
-            if consumer.returncode != 0:
-                raise RuntimeError(f"the floor consumer exited with {consumer.returncode}")
+            await said(b"taken")
+
+        await said(b"consuming")  # started and consuming: its start-up is not metered
 
         await _publish_and_meter(result, place, bodies, consumer.pid, Path(samples), taken)
     finally:

@@ -7,7 +7,9 @@ engine, so the engine's share of a latency is read off one run.
 
     python -m aldebaran.bench.paced_floor SAMPLES_DIR MESSAGES
 
-Exits 0 after MESSAGES messages, its samples flushed to SAMPLES_DIR (stage "book").
+It prints "consuming" once it consumes; after MESSAGES messages it flushes its samples to
+SAMPLES_DIR (stage "book"), prints "taken" and stays until it is stopped: the bench meters
+its CPU, which an exited process no longer has.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ async def consume(settings: Settings, samples: LatencySamples, messages: int) ->
             done.set_result(None)
 
     await channel.basic_consume(TRADE_DATA, on_message)
-    try:
-        while not done.done():
-            await asyncio.wait([done], timeout=1.0)
-            samples.flush()
-    finally:
+    print("consuming", flush=True)
+    while not done.done():
+        await asyncio.wait([done], timeout=1.0)
         samples.flush()
-        await connection.close()
+    samples.flush()
+    print("taken", flush=True)
+    await asyncio.Event().wait()  # until SIGTERM
 
 
 def main(argv: list[str]) -> int:
