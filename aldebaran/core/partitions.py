@@ -4,9 +4,10 @@ With `partitions` engine processes, a book belongs to partition `partition_of(ru
 partition key)`: a stable hash, the same in every process and every release. Every engine
 consumes the ingress; it applies the events whose books it owns and hands the others to
 their owners (`Routed.foreign`), which apply every event of theirs, from the ingress and
-from the other engines alike. An event handed over is never handed on again: one that does
-not belong to its receiver (engines configured with different partition counts) is set
-apart (`Routed.misrouted`), to be dead-lettered with the reason, never bounced back.
+from the other engines alike. An event handed over is never handed on again (its sender
+handed it to each of its owners). A handover from an engine partitioned or configured
+differently is refused whole (`Partitioning.taken_over`), to be dead-lettered with the
+reason, never bounced back.
 
 A rule's partition key must not depend on time: `key(event, at)` may (a client's UTC day),
 but two engines stamp an event at different moments, so they could disagree on its book
