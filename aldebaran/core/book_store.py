@@ -26,6 +26,7 @@ import msgspec
 
 from aldebaran.core.done_markers import DoneMarkers
 from aldebaran.core.rule import Alert, Rule
+from aldebaran.core.segments import MASK
 
 
 class OpenBook(msgspec.Struct, gc=False):
@@ -72,7 +73,7 @@ class BookStore:
         """Events of rule `app` stamped `at` (epoch s): (applied, duplicate, late); alerts go to `fired`."""
         rule = self.rules[app]
         key_of, event_id, apply, new_state = rule.key, rule.event_id, rule.apply, rule.new_state
-        books, done, ttl = self.books[app], self.done.of(app), self.ttl[app]
+        books, done, ttl = self.books[app], self.done.of(app).tables, self.ttl[app]
         group: list[str] | None = None
         applied = duplicate = late = 0
         for event in events:
@@ -81,7 +82,7 @@ class BookStore:
                 key = key_of(event, at)
                 book = books.get(key)
                 if book is None:
-                    if key in done:
+                    if key in done[hash(key) & MASK]:
                         late += 1
                         continue
                     book = books[key] = OpenBook(at, new_state(key), {})

@@ -3,7 +3,8 @@
 The engine closes thousands of books a second under load and must remember each for
 `engine.done_retention_seconds` of pipeline time, so the store is what bounds the
 engine's memory. It keeps one set of key strings per application (the string the book
-already held: no tuple, no float, no heap entry per key) and the keys in groups that
+already held: no tuple, no float, no heap entry per key; split into small tables,
+`aldebaran.core.segments`, so no rebuild of millions of keys stalls a cycle) and the keys in groups that
 expire together, oldest first. A cap bounds it whatever the order rate: past it the
 oldest keys are forgotten before their expiry and counted, so the effective retention
 shrinks visibly instead of the memory growing. A forgotten key's very late event opens a
@@ -16,6 +17,8 @@ from collections import deque
 from collections.abc import Iterable
 
 import msgspec
+
+from aldebaran.core.segments import SegmentedSet
 
 
 class DoneGroup(msgspec.Struct, array_like=True, gc=False):
@@ -46,7 +49,7 @@ class DoneMarkers:
         self.cap = cap
         self.evicted = 0  # keys forgotten before their expiry because of the cap (cumulative)
         self._evicted_taken = 0
-        self._keys: dict[str, set[str]] = {}
+        self._keys: dict[str, SegmentedSet[str]] = {}
         self._groups: deque[DoneGroup] = deque()  # oldest expiry first; the last one may grow
         self._count = 0
         # What a compaction must store (`delta`): only what changed, not every marker each time.
@@ -63,11 +66,11 @@ class DoneMarkers:
         keys = self._keys.get(bid[0])
         return keys is not None and bid[1] in keys
 
-    def of(self, app: str) -> set[str]:
+    def of(self, app: str) -> SegmentedSet[str]:
         """The live set of `app`'s done keys, for a hot loop's membership tests (do not modify)."""
         keys = self._keys.get(app)
         if keys is None:
-            keys = self._keys[app] = set()
+            keys = self._keys[app] = SegmentedSet()
         return keys
 
     def add(self, app: str, keys: list[str], expires_at: float) -> None:
