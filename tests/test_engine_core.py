@@ -196,3 +196,24 @@ def test_done_markers_forgotten_by_the_cap_are_handed_to_the_counter_once() -> N
     engine.cycle([], 1_000 + int(TTL * 1000) + 1, NOW)  # the five books close: five markers, cap three
     assert engine.done_markers == 3
     assert engine.take_forgotten() == 2 and engine.take_forgotten() == 0
+
+
+def test_each_book_s_conflicting_opening_event_is_logged_not_only_the_first_book_s() -> None:
+    """trade_limits gives every request the event id "": a conflict of one order's request
+    once silenced every later order's (logged by id alone)."""
+    from structlog.testing import capture_logs
+
+    from aldebaran.apps import load_rules
+    from aldebaran.core.engine import Cycle
+    from aldebaran.log import Throttle
+    from aldebaran.settings import Settings
+    from workers.engine import EngineWorker
+
+    settings = Settings()
+    worker = EngineWorker(settings, load_rules(settings))
+    worker.throttle = Throttle(interval=0.0)  # every line the dedup lets through is written
+    cycle = Cycle(0, conflicts=[("trade_limits", "A", ""), ("trade_limits", "A", ""), ("trade_limits", "B", "")])
+    with capture_logs() as logs:
+        worker.troubles(cycle)
+    lines = [(e["order_id"], e["event_id"]) for e in logs if e["event"].startswith("conflicting duplicate")]
+    assert lines == [("A", "(the book's opening event)"), ("B", "(the book's opening event)")]

@@ -75,7 +75,7 @@ class EngineWorker:
         self.engine: Engine | None = None
         self._late_logged = 0
         self.throttle = Throttle()
-        self._conflicts_logged: OrderedDict[tuple[str, str], None] = OrderedDict()  # bounded
+        self._conflicts_logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()  # bounded
 
     @property
     def partition(self) -> int | None:
@@ -145,15 +145,18 @@ class EngineWorker:
         if cycle.conflicts:
             CONFLICTING_DUPLICATES.inc(len(cycle.conflicts))
             for app, key, event_id in cycle.conflicts:
-                if (app, event_id) in self._conflicts_logged:
-                    continue  # said once already: later conflicts of this id are only counted
-                self._conflicts_logged[(app, event_id)] = None
+                # By book and id: a rule may give every book's opening event one id (trade_limits:
+                # "" for the request), and one order's conflict must not silence every other's.
+                if (app, key, event_id) in self._conflicts_logged:
+                    continue  # said once already: later conflicts of this event are only counted
+                self._conflicts_logged[(app, key, event_id)] = None
                 if len(self._conflicts_logged) > CONFLICTS_REMEMBERED:
                     self._conflicts_logged.popitem(last=False)
                 held = self.throttle.allow("conflicting duplicate")
                 if held is not None:
                     log.warning("conflicting duplicate: same event id, other content; the first copy counts",
-                                app=app, order_id=key[:200], event_id=event_id[:200], other_ids_not_logged=held)
+                                app=app, order_id=key[:200], event_id=event_id[:200] or "(the book's opening event)",
+                                other_ids_not_logged=held)
         for _, reject in cycle.rejects:
             if isinstance(reject, RuleReject):
                 RULE_ERRORS.labels(app=reject.app).inc(reject.failures)
