@@ -128,5 +128,5 @@ def test_a_handover_from_an_engine_partitioned_otherwise_is_refused_whole() -> N
 
 
 def test_partitioning_refuses_an_index_outside_its_count() -> None:
-    with pytest.raises(ValueError, match="not one of 0..1"):
+    with pytest.raises(ValueError, match=r"not one of 0\.\.1"):
         Partitioning([rule], 2, 2)

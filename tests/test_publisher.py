@@ -25,7 +25,7 @@ def test_an_exchange_without_its_queue_is_an_error_naming_declare_not_a_silent_c
     returned = UNROUTABLE.labels(publisher="trade")
     before = returned._value.get()
     body = Body(encode_json([PurchaseRequest("lonely", 1, "c", "s")]), 1)
-    with pytest.raises(PublishRefused, match="no queue is bound.*aldebaran declare"):
+    with pytest.raises(PublishRefused, match=r"no queue is bound.*aldebaran declare"):
         asyncio.run(publish_bodies(settings, [body], max_retries=3))
     assert returned._value.get() - before == 3
 

@@ -47,7 +47,7 @@ async def test_eventually_takes_plain_and_async_probes() -> None:
 
     assert await eventually(later, "the async probe", pause=0) == 7
     assert await eventually(lambda: "plain", "the plain probe") == "plain"
-    with pytest.raises(AssertionError, match="timed out after 0.05 s waiting for never"):
+    with pytest.raises(AssertionError, match=r"timed out after 0\.05 s waiting for never"):
         await eventually(lambda: False, "never", timeout=0.05, pause=0.01)
 
 
