@@ -22,6 +22,7 @@ def test_a_segmented_set_is_a_set(batches: list[tuple[bool, list[object]]]) -> N
             segmented.difference_update(batch)
             model.difference_update(batch)
         assert all((key in segmented) == (key in model) for key in batch)
+        assert segmented.absent(batch) == [key for key in batch if key not in model]
     assert len(segmented) == len(model) and set(segmented) == model
 
 

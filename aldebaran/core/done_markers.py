@@ -136,8 +136,7 @@ class DoneMarkers:
         They are regrouped here, so the next delta rewrites the stored copy."""
         for group in groups:
             if group.expires_at > now_ts:
-                keys = self.of(group.app)
-                self.add(group.app, [k for k in group.keys if k not in keys], group.expires_at)
+                self.add(group.app, self.of(group.app).absent(group.keys), group.expires_at)
         self._rewrite = True
 
     def _gone(self, group: DoneGroup) -> None:

@@ -49,6 +49,11 @@ class SegmentedSet(MutableSet[K]):
     def discard(self, key: K) -> None:
         self.tables[hash(key) & MASK].discard(key)
 
+    def absent(self, keys: Iterable[K]) -> list[K]:
+        """The keys not in this set (one pass, no method call per key: a restore filters millions)."""
+        tables = self.tables
+        return [key for key in keys if key not in tables[hash(key) & MASK]]
+
     def update(self, keys: Iterable[K]) -> None:
         tables = self.tables
         for key in keys:
