@@ -172,12 +172,14 @@ def _walk(inp: _Input, pubs: DataFrame, opts: AuditOptions, step: Step) -> DataF
     in the Python workers; when some need Spark's own parser (`bodies`), the walk runs again
     with it, so those are read exactly as before."""
     ttl_ms = int(opts.book_ttl_s * 1000)
-    walked = meaning.books_and_judged(records.elements(inp.slim), pubs, ttl_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    walked = meaning.books_and_judged(records.element_blobs(inp.slim), pubs, ttl_ms)
+    walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
     counted = stats.walk_counts(walked)  # the action that walks
     if any(c["deferred"] for c in counted.values()):
         step("reading bodies that are not strict JSON with Spark's parser")
         walked.unpersist()
-        walked = meaning.books_and_judged(records.elements(inp.slim, spark_parser=True), pubs, ttl_ms)
+        walked = meaning.books_and_judged(records.element_blobs(inp.slim, spark_parser=True), pubs,
+                                          ttl_ms)
         walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
         counted = stats.walk_counts(walked)
     stats.add_walk_counts(inp.counts, counted)

@@ -5,12 +5,13 @@ book counts them: once per (type, id) within its order, first publish wins), a r
 sum in publish order, one comparison. Times are trace times (epoch ms). Everything is
 per deployment (`vhost`): two deployments' order "1" are two orders.
 
-One shuffle in all: the trade elements and the alert publishes are partitioned by order and
-sorted by (order, type, id, time) in Spark, then each partition is walked in Arrow batches
-with numpy (`book_walk`), vectorised over all of its orders at once, and each order's expected
-alert meets its publishes there (`published.judged`). The same pass counts the elements that
-are not events (rejected, a message with none, a body left to Spark's parser), so no step
-before it has to hold one row per element.
+One shuffle in all: the trade elements and the alert publishes are handed to their order's
+partition as Arrow blobs and sorted there by (order, type, id, time) (`order_shuffle`), then
+each partition is walked in Arrow batches with numpy (`book_walk`), vectorised over all of
+its orders at once, and each order's expected alert meets its publishes there
+(`published.judged`). The same pass counts the elements that are not events (rejected, a
+message with none, a body left to Spark's parser), so no step before it has to hold one row
+per element.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_analytics import published
+from spark_analytics import order_shuffle, published
 from spark_analytics.bodies import DEFERRED
 
 SUM_CAP = 4 * 10**18  # running sums saturate here: never an overflow, still "over" any request
@@ -191,22 +192,20 @@ def _order_key(alert_id: Column) -> Column:
 
 
 def books_and_judged(elements: DataFrame, publishes: DataFrame, book_ttl_ms: int) -> DataFrame:
-    """`elements` (records.ELEMENT: vhost, ts, idx, valid, etype, event_id, order_id, shares;
-    copies included) and alert `publishes` (records.alert_publishes), walked per (vhost, order),
-    to `published.JUDGED_SCHEMA`: one row per alert expected or published with its order's
-    book (first_ts, close_ts, edge_ms: how close an event came to the book's close,
-    requested_shares, purchased_shares, late_events); and rows with `alert_id` null that count,
-    per vhost, events as published (copies), distinct events, orders, expected alerts, and the
-    elements that are not events (`unreadable`, `rejected`, `deferred`).
+    """Trade elements packed by order (`records.element_blobs`: vhost, ts, idx, valid, etype,
+    event_id, order_id, shares; copies included) and alert `publishes` (records.alert_publishes),
+    walked per (vhost, order), to `published.JUDGED_SCHEMA`: one row per alert expected or
+    published with its order's book (first_ts, close_ts, edge_ms: how close an event came to the
+    book's close, requested_shares, purchased_shares, late_events); and rows with `alert_id` null
+    that count, per vhost, events as published (copies), distinct events, orders, expected alerts,
+    and the elements that are not events (`unreadable`, `rejected`, `deferred`).
     """
     nothing = F.lit(None).cast("string")
-    events = elements.select(*_KEYS, "valid", nothing.alias("kind"), nothing.alias("published_order_id"))
     pubs = publishes.select("vhost", _order_key(F.col("alert_id")).alias("order_id"), nothing.alias("etype"),
                             F.col("alert_id").alias("event_id"), "ts", F.lit(None).cast("int").alias("idx"),
                             F.lit(None).cast("long").alias("shares"), F.lit(True).alias("valid"), "kind",
                             F.col("order_id").alias("published_order_id"))
-    # Junk has no order: spread it by time. A hash first: the sort compares 8-byte prefixes,
-    # not the (often equal) vhost strings. Within an order, publishes (etype null) come first.
-    key = F.coalesce(F.col("order_id"), F.col("ts").cast("string"))
-    rows = events.unionByName(pubs).repartition("vhost", key).sortWithinPartitions(F.xxhash64("vhost", key), *_KEYS)
-    return rows.mapInArrow(_walk_partition(book_ttl_ms), published.JUDGED_SCHEMA)
+    blobs = elements.unionByName(pubs.mapInArrow(order_shuffle.packed, order_shuffle.BLOB_SCHEMA))
+    # A few thousand blobs, each one bucket's rows: within an order publishes (etype null) come first.
+    rows = blobs.repartition("bucket").sortWithinPartitions("bucket")
+    return rows.mapInArrow(order_shuffle.walker(_walk_partition(book_ttl_ms)), published.JUDGED_SCHEMA)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_analytics import bodies, traces, wire
+from spark_analytics import bodies, order_shuffle, traces, wire
 
 NO_VHOST = "(not recorded)"  # traces written before records carried their vhost
 ELEMENT = ["vhost", "ts", "idx", "valid", "etype", "event_id", "order_id", "shares"]
@@ -88,14 +88,31 @@ def _spark_parsed(split: DataFrame) -> DataFrame:
                            *[F.when(deferred, v).otherwise(F.col(name)).alias(name) for name, v in fields.items()])
 
 
+def _trades(msgs: DataFrame) -> DataFrame:
+    readable = F.col("text").isNotNull() | F.col("packed").isNotNull()
+    return msgs.where((F.col("kind") == "trade") & readable).select("vhost", "ts", "text", "packed")
+
+
 def elements(msgs: DataFrame, spark_parser: bool = False) -> DataFrame:
     """Every element of every readable trade message (ELEMENT columns), split by `bodies` in the
     Python workers. A message with no element at all (not JSON nor the text form, truncated,
     empty) is one row with `idx` null. A body that only Spark's parser reads exactly is one row
     with `idx` = `bodies.DEFERRED`, or, with `spark_parser`, its elements as that parser reads them."""
-    trades = msgs.where((F.col("kind") == "trade") & (F.col("text").isNotNull() | F.col("packed").isNotNull()))
-    split = trades.select("vhost", "ts", "text", "packed").mapInArrow(bodies.split, bodies.ELEMENT_SCHEMA)
+    split = _trades(msgs).mapInArrow(bodies.split, bodies.ELEMENT_SCHEMA)
     return _spark_parsed(split) if spark_parser else split.drop("spark_text")
+
+
+def element_blobs(msgs: DataFrame, spark_parser: bool = False) -> DataFrame:
+    """`elements` packed by order for the walk (`order_shuffle`): split and packed in one pass of
+    the Python workers, so the elements never become Spark rows; with `spark_parser` the
+    elements Spark's parser read are packed after it."""
+    if not spark_parser:
+        return _trades(msgs).mapInArrow(order_shuffle.split_and_pack, order_shuffle.BLOB_SCHEMA)
+    nothing = F.lit(None).cast("string")
+    rows = elements(msgs, spark_parser=True).select(
+        "vhost", "order_id", "etype", "event_id", "ts", "idx", "shares", "valid", nothing.alias("kind"),
+        nothing.alias("published_order_id"))
+    return rows.mapInArrow(order_shuffle.packed, order_shuffle.BLOB_SCHEMA)
 
 
 def alert_publishes(slim: DataFrame) -> DataFrame:

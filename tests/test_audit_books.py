@@ -9,6 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_analytics import order_shuffle
 from spark_analytics.bodies import DEFERRED
 from spark_analytics.meaning import SUM_CAP, _walk_partition, book_walk
 
@@ -192,3 +193,18 @@ def test_alerts_expected_and_published_meet_in_the_walk(evs: list[Event], pubs: 
            for r in rows if r["alert_id"] is not None}
     assert got == joined_reference(evs, pubs)
     assert sum(r["publishes"] or 0 for r in rows) == len(pubs)
+
+
+@settings(max_examples=100, deadline=None)
+@given(events, st.integers(1, 9), st.randoms(use_true_random=False))
+def test_orders_handed_over_as_blobs_are_walked_as_spark_sorted_them(evs: list[Event], size: int, rnd: Any) -> None:
+    """`order_shuffle`: rows packed per bucket from any batches in any order, blobs sorted by
+    bucket (what Spark's shuffle hands the walk), give what the rows sorted by Spark gave."""
+    evs = [(v, o, k, o if k == "request" else i, t, x, s) for v, o, k, i, t, x, s in evs]
+    rows = spark_sorted(evs).take(pa.array(rnd.sample(range(len(evs)), len(evs))))
+    blobs = pa.Table.from_batches([order_shuffle.pack(rows.slice(a, size)) for a in range(0, len(evs), size)])
+    blobs = blobs.sort_by("bucket")
+    walk = order_shuffle.walker(_walk_partition(TTL))
+    by_blobs = pa.Table.from_batches(list(walk(iter(blobs.to_batches(max_chunksize=3))))).to_pylist()
+    by_spark = pa.Table.from_batches(list(_walk_partition(TTL)(iter(spark_sorted(evs).to_batches())))).to_pylist()
+    assert judged(by_blobs) == judged(by_spark)
