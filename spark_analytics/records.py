@@ -3,8 +3,9 @@
 The raw lines (base64 bodies, firehose headers) are parsed once into a compact frame of one
 row per record, which the audit keeps cached; every later step reads it. A trade message
 keeps its body as text (`text`, when readable) and is split into its elements only once,
-by `elements`, on the way into the per-order pass (`meaning.books_and_judged`): a 1000-event batch is
-one cached row, not 1000. Columns:
+by `element_blobs`, on the way into the per-order pass (`meaning.books_and_judged`), in the
+Python workers that also pack them by order: a 1000-event batch is one cached row, not 1000,
+and its elements never become Spark rows. Columns:
 
 - `vhost` (the deployment: the record's field, else the firehose header; heartbeats and
   gaps without one belong to every deployment), `kind` (trade | alert | delivery |
