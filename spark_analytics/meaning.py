@@ -158,9 +158,10 @@ def _judge(t: pa.Table, book_ttl_ms: int) -> Iterator[pa.RecordBatch]:
     is_publish = pc.is_null(t["etype"])
     events, pubs = t.filter(pc.invert(is_publish)), t.filter(is_publish)
     books = book_walk(events, book_ttl_ms) if events.num_rows else pa.RecordBatch.from_pylist([], schema=_BOOK_ARROW)
+    exp = published.expected(books)
     if books.num_rows:
-        yield published.counted(books)
-    yield published.judged(books, pubs)
+        yield published.counted(books, exp)
+    yield published.judged(exp, pubs)
 
 
 def _walk_partition(book_ttl_ms: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -77,9 +77,9 @@ def publish_groups(pubs: pa.Table) -> pa.Table:
                      "published_order_id": _first_valid(pubs["published_order_id"].combine_chunks(), starts, n)})
 
 
-def judged(books: pa.RecordBatch, pubs: pa.Table) -> pa.RecordBatch:
-    """One row per (vhost, alert id) expected or published (JUDGED_SCHEMA), with its order's book."""
-    exp = expected(books)
+def judged(exp: pa.Table, pubs: pa.Table) -> pa.RecordBatch:
+    """One row per (vhost, alert id) expected or published (JUDGED_SCHEMA), with its order's book.
+    `exp`: `expected(books)`, computed once per batch for this and `counted`."""
     wanted = exp.filter(pc.is_valid(exp["expected_kind"]))
     wanted = pa.table({"vhost": wanted["vhost"], "alert_id": pc.binary_join_element_wise(
         wanted["expected_kind"], wanted["order_id"], ":"), "order_id": wanted["order_id"],
@@ -98,9 +98,10 @@ def judged(books: pa.RecordBatch, pubs: pa.Table) -> pa.RecordBatch:
         pa.RecordBatch.from_pylist([], schema=ARROW)
 
 
-def counted(books: pa.RecordBatch) -> pa.RecordBatch:
-    """Per vhost: events as published (copies), distinct events, orders and expected alerts."""
-    exp_kinds = pc.is_valid(expected(books)["expected_kind"]).cast(pa.int64())
+def counted(books: pa.RecordBatch, exp: pa.Table) -> pa.RecordBatch:
+    """Per vhost: events as published (copies), distinct events, orders and expected alerts
+    (`exp`: `expected(books)`)."""
+    exp_kinds = pc.is_valid(exp["expected_kind"]).cast(pa.int64())
     t = pa.table({"vhost": books["vhost"], "copies": books["copies"], "events": books["events"],
                   "expected_alerts": exp_kinds})
     g = t.group_by("vhost").aggregate([("copies", "sum"), ("events", "sum"), ("expected_alerts", "sum"),
