@@ -41,10 +41,13 @@ def spark_session(master: str | None = None, app_name: str = "aldebaran-audit", 
         # run-length encodings on every value while building it cost more than it saved.
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: run locally
+        master = "local[2]"
     if master:
         builder = builder.master(master)
-    elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: run locally
-        builder = builder.master("local[2]")
+    if master and master.startswith("local"):
+        # The workers' Python imports pyspark from its package, not from the zip (see the module).
+        builder = builder.config("spark.python.daemon.module", "spark_analytics.worker_daemon")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
