@@ -46,8 +46,6 @@ def spark_session(master: str | None = None, app_name: str = "aldebaran-audit", 
     if master:
         builder = builder.master(master)
     if master and master.startswith("local"):
-        # The workers' Python imports pyspark from its package, not from the zip (see the module).
-        builder = builder.config("spark.python.daemon.module", "spark_analytics.worker_daemon")
         # A batch job on a heap it keeps: the throughput collector, not G1 (no concurrent marking,
         # cheaper write barriers, less code for C2 to compile): ~10 s less CPU of ~150 at 10M events.
         builder = builder.config("spark.driver.extraJavaOptions", "-XX:+UseParallelGC")

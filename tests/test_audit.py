@@ -280,20 +280,3 @@ def test_recorder_outage_is_an_unaudited_window_not_a_verdict(spark, tmp_path: P
     reasons = [w["reason"] for w in summary["unaudited_windows"]]
     assert reasons == ["not recording at the window's start", "recorder not running", "no heartbeat"], reasons
 
-
-def test_workers_import_pyspark_from_its_package_not_the_zip(spark, tmp_path: Path) -> None:
-    """Local workers skip the shipped pyspark.zip (compiled from source at every import) only
-    when it is that package's own copy; any other zip stays first on the path."""
-    import pyspark
-
-    from spark_analytics.worker_daemon import without_shipped_zip
-
-    package = Path(pyspark.__file__).parent
-    shipped = str(package / "python" / "lib" / "pyspark.zip")
-    site = str(package.parent)
-    assert without_shipped_zip([shipped, "/x/py4j.zip", site]) == ["/x/py4j.zip", site]
-    other = str(tmp_path / "pyspark.zip")
-    assert without_shipped_zip([other, site]) == [other, site]
-    assert without_shipped_zip([shipped]) == [shipped]  # no other pyspark to import: keep it
-    where = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("pyspark").__file__).collect()
-    assert where == [pyspark.__file__]
