@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_analytics import gaps as gaps_mod
-from spark_analytics import meaning, records, stats, traces
+from spark_analytics import meaning, order_shuffle, records, stats, traces
 from spark_analytics.in_doubt import InDoubtList
 from spark_analytics.in_doubt import read as read_in_doubt
 from spark_analytics.options import AuditOptions
@@ -69,6 +69,7 @@ class _Input:
     end_ts: dict[str, int]
     counts: dict[str, dict[str, int]]
     files: FilesInfo
+    trade_bytes: int  # of readable trade bodies: how finely the walk's shuffle cuts them
 
 
 def _in_window(col: Column, opts: AuditOptions) -> Column:
@@ -127,12 +128,13 @@ def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
         slim = deduped
     vhosts = sorted(set(counts) | set(opts.vhosts)) or []
     end_ts = {v: c.pop("last_ts", 0) or 0 for v, c in counts.items()}
+    trade_bytes = sum(c.pop("trade_bytes", 0) or 0 for c in counts.values())
     for v in vhosts:
         counts.setdefault(v, stats.empty_counts())
     files_info = FilesInfo(part_files=len(files), corrupt_lines=corrupt,
                            torn_files=[TornFile(file=f, bytes_read=good, bytes_lost=size - good)
                                        for f, good, size in torn])
-    return _Input(slim, vhosts, end_ts, counts, files_info)
+    return _Input(slim, vhosts, end_ts, counts, files_info, trade_bytes)
 
 
 def run_audit(spark: SparkSession, opts: AuditOptions, step: Step = lambda _: None,
@@ -173,14 +175,15 @@ def _walk(inp: _Input, pubs: DataFrame, opts: AuditOptions, step: Step) -> DataF
     in the Python workers; when some need Spark's own parser (`bodies`), the walk runs again
     with it, so those are read exactly as before."""
     ttl_ms = int(opts.book_ttl_s * 1000)
-    walked = meaning.books_and_judged(records.element_blobs(inp.slim), pubs, ttl_ms)
+    buckets = order_shuffle.bucket_count(inp.trade_bytes)
+    walked = meaning.books_and_judged(records.element_blobs(inp.slim, buckets), pubs, ttl_ms, buckets)
     walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
     counted = stats.walk_counts(walked)  # the action that walks
     if any(c["deferred"] for c in counted.values()):
         step("reading bodies that are not strict JSON with Spark's parser")
         walked.unpersist()
-        walked = meaning.books_and_judged(records.element_blobs(inp.slim, spark_parser=True), pubs,
-                                          ttl_ms)
+        walked = meaning.books_and_judged(records.element_blobs(inp.slim, buckets, spark_parser=True), pubs,
+                                          ttl_ms, buckets)
         walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
         counted = stats.walk_counts(walked)
     stats.add_walk_counts(inp.counts, counted)

@@ -192,7 +192,7 @@ def _order_key(alert_id: Column) -> Column:
     return F.when(colon > 1, F.expr("substring(alert_id, instr(alert_id, ':') + 1)")).otherwise(F.lit(""))
 
 
-def books_and_judged(elements: DataFrame, publishes: DataFrame, book_ttl_ms: int) -> DataFrame:
+def books_and_judged(elements: DataFrame, publishes: DataFrame, book_ttl_ms: int, buckets: int) -> DataFrame:
     """Trade elements packed by order (`records.element_blobs`: vhost, ts, idx, valid, etype,
     event_id, order_id, shares; copies included) and alert `publishes` (records.alert_publishes),
     walked per (vhost, order), to `published.JUDGED_SCHEMA`: one row per alert expected or
@@ -206,7 +206,7 @@ def books_and_judged(elements: DataFrame, publishes: DataFrame, book_ttl_ms: int
                             F.col("alert_id").alias("event_id"), "ts", F.lit(None).cast("int").alias("idx"),
                             F.lit(None).cast("long").alias("shares"), F.lit(True).alias("valid"), "kind",
                             F.col("order_id").alias("published_order_id"))
-    blobs = elements.unionByName(pubs.mapInArrow(order_shuffle.packed, order_shuffle.BLOB_SCHEMA))
+    blobs = elements.unionByName(pubs.mapInArrow(order_shuffle.packed(buckets), order_shuffle.BLOB_SCHEMA))
     # A few thousand blobs, each one bucket's rows: within an order publishes (etype null) come first.
     rows = blobs.repartition("bucket").sortWithinPartitions("bucket")
     return rows.mapInArrow(order_shuffle.walker(_walk_partition(book_ttl_ms)), published.JUDGED_SCHEMA)

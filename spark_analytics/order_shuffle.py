@@ -4,7 +4,8 @@ Ten million trade elements as Spark rows cost the JVM more than everything the P
 workers do with them (Arrow to rows after the split, the shuffle's serialisation, a sort of
 eight columns, rows back to Arrow for the walk: ~5.5 µs per element on 2 cores). Here the
 workers that split the bodies (`bodies`) also cut their rows by a hash of (vhost, order)
-into `BUCKETS` buckets and write each bucket's rows as one Arrow record batch (`pack`):
+into buckets (`bucket_count`: more for more input, so that a bucket, the walk's unit of memory,
+stays ~`BUCKET_BYTES` of trade bodies) and write each bucket's rows as one Arrow record batch (`pack`):
 Spark shuffles a few thousand binary rows by bucket, and the walk's workers read each
 bucket back (`buckets`), sorted by Arrow exactly as Spark sorted the rows before (by the
 hash, then vhost, order, type, id, time, position, shares; nulls first).
@@ -25,7 +26,8 @@ import pyarrow.compute as pc
 
 from spark_analytics import bodies
 
-BUCKETS = 256  # per shuffle partition ~BUCKETS / 4 buckets: a bucket is the walk's unit of memory
+MIN_BUCKETS = 256
+BUCKET_BYTES = 8 << 20  # of trade bodies per bucket: ~100,000 elements, a few tens of MB in a worker
 BLOB_SCHEMA = "bucket int, blob binary"
 ROWS = pa.schema([("vhost", pa.string()), ("order_id", pa.string()), ("etype", pa.string()),
                   ("event_id", pa.string()), ("ts", pa.int64()), ("idx", pa.int32()), ("shares", pa.int64()),
@@ -58,12 +60,18 @@ def _mixed(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
-def pack(rows: pa.Table) -> pa.RecordBatch:
+def bucket_count(trade_bytes: int) -> int:
+    """Buckets for `trade_bytes` of trade bodies: a power of two, at least `MIN_BUCKETS`."""
+    wanted = max(MIN_BUCKETS, -(-trade_bytes // BUCKET_BYTES))
+    return 1 << (wanted - 1).bit_length()
+
+
+def pack(rows: pa.Table, buckets: int) -> pa.RecordBatch:
     """Walk rows (ROWS without `h`) to one blob per bucket: (bucket, Arrow record batch message)."""
     order = rows["order_id"].combine_chunks()
     h = _mixed(_string_hash(order) * np.uint64(31) + _string_hash(rows["vhost"].combine_chunks()))
     no_order = order.is_null().to_numpy(zero_copy_only=False)
-    bucket = np.where(no_order, rows["ts"].to_numpy(zero_copy_only=False) % BUCKETS, h % np.uint64(BUCKETS))
+    bucket = np.where(no_order, rows["ts"].to_numpy(zero_copy_only=False) % buckets, h % np.uint64(buckets))
     bucket = bucket.astype(np.int32)
     by_bucket = np.argsort(bucket, kind="stable")
     table = rows.append_column("h", pa.array(h)).select(ROWS.names).cast(ROWS).take(pa.array(by_bucket))
@@ -86,18 +94,22 @@ def _elements(split: pa.RecordBatch) -> pa.Table:
         "published_order_id", pa.nulls(n, pa.string()))
 
 
-def split_and_pack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` over trade messages (vhost, ts, text, packed): split by `bodies`, packed by bucket."""
-    for batch in batches:
-        if batch.num_rows:
-            yield pack(_elements(bodies.split_batch(batch)))
+def split_and_pack(buckets: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For `mapInArrow` over trade messages (vhost, ts, text, packed): split by `bodies`, packed by bucket."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                yield pack(_elements(bodies.split_batch(batch)), buckets)
+    return run
 
 
-def packed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` over walk rows already in Spark (publishes, elements read by Spark's parser)."""
-    for batch in batches:
-        if batch.num_rows:
-            yield pack(pa.Table.from_batches([batch]))
+def packed(buckets: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For `mapInArrow` over walk rows already in Spark (publishes, elements read by Spark's parser)."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                yield pack(pa.Table.from_batches([batch]), buckets)
+    return run
 
 
 def _sorted(parts: list[pa.RecordBatch]) -> pa.RecordBatch:

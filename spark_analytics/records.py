@@ -103,17 +103,17 @@ def elements(msgs: DataFrame, spark_parser: bool = False) -> DataFrame:
     return _spark_parsed(split) if spark_parser else split.drop("spark_text")
 
 
-def element_blobs(msgs: DataFrame, spark_parser: bool = False) -> DataFrame:
+def element_blobs(msgs: DataFrame, buckets: int, spark_parser: bool = False) -> DataFrame:
     """`elements` packed by order for the walk (`order_shuffle`): split and packed in one pass of
     the Python workers, so the elements never become Spark rows; with `spark_parser` the
     elements Spark's parser read are packed after it."""
     if not spark_parser:
-        return _trades(msgs).mapInArrow(order_shuffle.split_and_pack, order_shuffle.BLOB_SCHEMA)
+        return _trades(msgs).mapInArrow(order_shuffle.split_and_pack(buckets), order_shuffle.BLOB_SCHEMA)
     nothing = F.lit(None).cast("string")
     rows = elements(msgs, spark_parser=True).select(
         "vhost", "order_id", "etype", "event_id", "ts", "idx", "shares", "valid", nothing.alias("kind"),
         nothing.alias("published_order_id"))
-    return rows.mapInArrow(order_shuffle.packed, order_shuffle.BLOB_SCHEMA)
+    return rows.mapInArrow(order_shuffle.packed(buckets), order_shuffle.BLOB_SCHEMA)
 
 
 def alert_publishes(slim: DataFrame) -> DataFrame:

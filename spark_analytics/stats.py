@@ -65,6 +65,7 @@ def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
         "alert_unreadable": _sum(alert & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
         "delivery_unreadable": _sum(delivery & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
         "last_ts": F.max(F.when(kind != "corrupt", F.col("ts"))),
+        "trade_bytes": F.sum(F.when(trade, F.coalesce(F.octet_length("text"), F.octet_length("packed")))),
         "corrupt": _sum(kind == "corrupt"),
     }
     rows = msgs.groupBy("vhost").agg(*[agg.alias(name) for name, agg in aggs.items()]).collect()

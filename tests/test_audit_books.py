@@ -196,15 +196,27 @@ def test_alerts_expected_and_published_meet_in_the_walk(evs: list[Event], pubs: 
 
 
 @settings(max_examples=100, deadline=None)
-@given(events, st.integers(1, 9), st.randoms(use_true_random=False))
-def test_orders_handed_over_as_blobs_are_walked_as_spark_sorted_them(evs: list[Event], size: int, rnd: Any) -> None:
+@given(events, st.integers(1, 9), st.randoms(use_true_random=False), st.sampled_from([1, 4, 256, 4096]))
+def test_orders_handed_over_as_blobs_are_walked_as_spark_sorted_them(evs: list[Event], size: int, rnd: Any,
+                                                                     buckets: int) -> None:
     """`order_shuffle`: rows packed per bucket from any batches in any order, blobs sorted by
-    bucket (what Spark's shuffle hands the walk), give what the rows sorted by Spark gave."""
+    bucket (what Spark's shuffle hands the walk), give what the rows sorted by Spark gave,
+    however many buckets the input's size asks for."""
     evs = [(v, o, k, o if k == "request" else i, t, x, s) for v, o, k, i, t, x, s in evs]
     rows = spark_sorted(evs).take(pa.array(rnd.sample(range(len(evs)), len(evs))))
-    blobs = pa.Table.from_batches([order_shuffle.pack(rows.slice(a, size)) for a in range(0, len(evs), size)])
+    blobs = pa.Table.from_batches([order_shuffle.pack(rows.slice(a, size), buckets)
+                                   for a in range(0, len(evs), size)])
     blobs = blobs.sort_by("bucket")
     walk = order_shuffle.walker(_walk_partition(TTL))
     by_blobs = pa.Table.from_batches(list(walk(iter(blobs.to_batches(max_chunksize=3))))).to_pylist()
     by_spark = pa.Table.from_batches(list(_walk_partition(TTL)(iter(spark_sorted(evs).to_batches())))).to_pylist()
     assert judged(by_blobs) == judged(by_spark)
+
+
+def test_the_walk_s_buckets_grow_with_the_input_in_powers_of_two() -> None:
+    """A bucket is the walk's unit of memory: ~BUCKET_BYTES of trade bodies, never fewer than the minimum."""
+    assert order_shuffle.bucket_count(0) == order_shuffle.MIN_BUCKETS
+    assert order_shuffle.bucket_count(order_shuffle.BUCKET_BYTES * 256) == 256
+    assert order_shuffle.bucket_count(order_shuffle.BUCKET_BYTES * 256 + 1) == 512
+    day = 250_000 * 86_400 * 90  # a day at the engine's target rate, ~90 bytes of JSON per event
+    assert day / order_shuffle.bucket_count(day) <= order_shuffle.BUCKET_BYTES
