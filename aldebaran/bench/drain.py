@@ -169,13 +169,16 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
         meter.start([*(w.pid for w in workers), *(extra.pids if extra else [])])  # every engine is spawned
         started = time.monotonic()
         await asyncio.gather(*starts)
+        _stage(result.name, "consuming")
         result.seconds = await _processed(ports, workers, events) - started
         result.cpu = meter.stop()
         result.events = events
         finished = time.monotonic()
+        _stage(result.name, f"drained; books close within {ttl + 2:g} s")
         await asyncio.sleep(ttl + 2)  # books close: purchase_without_request comes after their ttl
         result.alerts = received
         if extra is not None:
+            _stage(result.name, f"waiting up to {ttl + 120:g} s for {len(received):,} alerts at both channels")
             landed = await extra.wait_landed(set(received), timeout=ttl + 120)
             result.note = extra.summary(set(received))
             # over_purchase fires on an event: its tail is the column. purchase_without_request
@@ -195,6 +198,11 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
             await extra.stop()  # the lookout and channels too, whatever failed on the way
         await connection.close()
     return result
+
+
+def _stage(name: str, what: str) -> None:
+    """Where a drain is, on stderr: a bench that seems to hang says which wait it is in."""
+    print(f"    {name}: {what}", file=sys.stderr, flush=True)
 
 
 async def _start_engine(place: Place, workdir: Path, port: int, partition: int,
