@@ -279,4 +279,3 @@ def test_recorder_outage_is_an_unaudited_window_not_a_verdict(spark, tmp_path: P
     assert summary["window"]["since"].startswith("2026-11-18T11:06:00")
     reasons = [w["reason"] for w in summary["unaudited_windows"]]
     assert reasons == ["not recording at the window's start", "recorder not running", "no heartbeat"], reasons
-
