@@ -26,7 +26,7 @@ import msgspec
 
 from aldebaran.core.done_markers import DoneMarkers
 from aldebaran.core.rule import Alert, Rule
-from aldebaran.core.segments import MASK
+from aldebaran.core.segments import MASK, SegmentedDict
 
 
 class OpenBook(msgspec.Struct, gc=False):
@@ -59,7 +59,7 @@ class BookStore:
         self.rules = dict(rules)
         self.ttl = {name: rule.ttl_seconds(default_ttl) for name, rule in self.rules.items()}
         self.retention = done_retention
-        self.books: dict[str, dict[str, OpenBook]] = {name: {} for name in self.rules}
+        self.books: dict[str, SegmentedDict[str, OpenBook]] = {name: SegmentedDict() for name in self.rules}
         self.done = DoneMarkers(done_cap)
         self.failures: list[RuleFailure] = []  # the caller takes them (`take_failures`)
         self.conflicts: list[tuple[str, str, str]] = []  # (app, key, event id) of conflicting repeats
@@ -73,16 +73,18 @@ class BookStore:
         """Events of rule `app` stamped `at` (epoch s): (applied, duplicate, late); alerts go to `fired`."""
         rule = self.rules[app]
         key_of, event_id, apply, new_state = rule.key, rule.event_id, rule.apply, rule.new_state
-        books, done, ttl = self.books[app], self.done.of(app).tables, self.ttl[app]
+        tables, done, ttl = self.books[app].tables, self.done.of(app).tables, self.ttl[app]
         group: list[str] | None = None
         applied = duplicate = late = 0
         for event in events:
             key = None
             try:  # free unless a rule raises (Python 3.11)
                 key = key_of(event, at)
+                segment = hash(key) & MASK  # the same table index for the open books and the done markers
+                books = tables[segment]
                 book = books.get(key)
                 if book is None:
-                    if key in done[hash(key) & MASK]:
+                    if key in done[segment]:
                         late += 1
                         continue
                     book = books[key] = OpenBook(at, new_state(key), {})
@@ -130,12 +132,12 @@ class BookStore:
         for app, groups in self._groups.items():
             if not groups or groups[0][0] > now_ts:
                 continue
-            books, close = self.books[app], self.rules[app].close
+            tables, close = self.books[app].tables, self.rules[app].close
             closed: list[str] = []
             while groups and groups[0][0] <= now_ts:
                 keys = groups.popleft()[1]
                 for key in keys:
-                    book = books.pop(key)
+                    book = tables[hash(key) & MASK].pop(key)
                     try:
                         fired = close(book.state, now)
                     except Exception as exc:  # noqa: BLE001 - the other books still close
