@@ -173,7 +173,7 @@ class EngineSettings(_Strict):
     max_cycles_in_flight: Annotated[int, Field(ge=1, le=64)] = 2  # cycles awaiting confirms before the next waits
     tick_ms: Annotated[float, Field(gt=0, le=10_000)] = 50.0  # an idle engine closes due books this often
     lease_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0  # a dead owner's books move after this
-    compact_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0  # done markers stored, the log trimmed
+    compact_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0  # done markers stored, the log trimmed
     done_retention_seconds: Annotated[float, Field(gt=0)] = 600.0  # closed books remembered (late events)
     done_max_markers: Annotated[int, Field(ge=1)] = 4_000_000  # ... at most this many (oldest forgotten)
     latency_samples_dir: str = ""  # the bench's raw publish->book/alert samples ("" = off)
