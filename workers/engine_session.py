@@ -26,6 +26,7 @@ from aldebaran.io.handover import hand_over
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, PROCESSING_LATENCY
+from aldebaran.runtime_tuning import collect_when_idle
 from declare.declarer import declare_async
 from declare.topology import TRADE_DATA, engine_partition_queue
 from workers.engine_cycle import CycleOutput, Delivery, alert_payloads
@@ -129,6 +130,7 @@ class Session:
         while not self.ended.is_set() and self.failed is None:
             batch = self.batcher.take()
             if not batch:
+                collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
                 self.arrived.clear()
                 await _wait_any(self.arrived, self.ended, tick)
                 if self.batcher.ready or self.ended.is_set():

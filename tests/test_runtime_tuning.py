@@ -1,0 +1,51 @@
+"""The idle engine's collections: the one the automatic collector would run next, only once due."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from aldebaran.runtime_tuning import GC_THRESHOLDS, IDLE_YOUNG, collect_when_idle
+
+
+@pytest.fixture
+def manual_gc() -> Iterator[None]:
+    """The automatic collector off (it would reset the young count at 700 objects), all counts at 0."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.collect()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _young(count: int) -> list[list[int]]:
+    return [[n] for n in range(count)]  # lists are tracked: each counts as a young object
+
+
+def test_nothing_is_collected_until_enough_young_objects_wait(manual_gc: None) -> None:
+    kept = _young(IDLE_YOUNG // 2)
+    assert collect_when_idle() is None
+    assert gc.get_count()[0] >= IDLE_YOUNG // 2  # untouched
+    kept += _young(IDLE_YOUNG)
+    assert collect_when_idle() == 0
+    assert gc.get_count()[0] < 100 and gc.get_count()[1] == 1
+
+
+def test_older_generations_follow_the_automatic_collectors_thresholds(manual_gc: None) -> None:
+    for _ in range(GC_THRESHOLDS[1]):
+        gc.collect(0)
+    kept = _young(IDLE_YOUNG)
+    assert collect_when_idle() == 1  # the 51st young collection: a middle one instead
+    assert gc.get_count()[1] == 0 and gc.get_count()[2] == 1
+    for _ in range(GC_THRESHOLDS[2]):
+        gc.collect(1)
+    for _ in range(GC_THRESHOLDS[1]):
+        gc.collect(0)
+    kept += _young(IDLE_YOUNG)
+    assert collect_when_idle() == 2
+    assert gc.get_count()[1:] == (0, 0)
