@@ -9,8 +9,8 @@ import sys
 from collections import Counter
 
 from aldebaran.bench.drain import Drain
-from aldebaran.bench.paced import percentiles
-from aldebaran.bench.table import BEGIN, END, alert_cell, write
+from aldebaran.bench.paced import Paced, percentiles
+from aldebaran.bench.table import BEGIN, END, alert_cell, median_paced, write
 from aldebaran.bench.workload import build
 from aldebaran.trades.codec import decode_message
 from aldebaran.trades.generator import expected_alerts
@@ -19,6 +19,16 @@ from tests.support import services
 
 def test_percentiles_are_weighted() -> None:
     assert percentiles([(1.0, 98), (10.0, 1), (100.0, 1)]) == {"p50": 1.0, "p95": 1.0, "p99": 10.0, "max": 100.0}
+
+
+def test_the_paced_row_is_the_round_with_the_median_p99_and_names_every_rounds() -> None:
+    runs = [Paced(f"engine {n}", 100_000, latency={"book": {"p50": 1.0, "p95": 2.0, "p99": p99}})
+            for n, p99 in enumerate((6.0, 4.25, 5.0))]
+    chosen = median_paced(runs)
+    assert chosen is runs[2]
+    assert chosen.name == "engine 2 (p99 → book of 3 rounds, median shown: 6.0, 4.2, 5.0)"
+    alone = Paced("floor", 100_000, latency={"book": {"p99": 1.5}})
+    assert median_paced([alone]).name == "floor"
 
 
 def test_relabelled_rounds_are_new_orders_with_their_own_expected_alerts() -> None:

@@ -121,20 +121,24 @@ async def _paced_rows(settings: Settings, args: argparse.Namespace, systems: lis
     """The engine paced at the offered rate, in 1000-event messages and in 100-event ones (a
     1000-event message takes ~10 ms to fill at 100k events/s; a publisher flushing every
     millisecond sends ~100-event ones; latency is measured from the publish), each after the
-    broker's own floor under the same load when `raw` is among the systems."""
+    broker's own floor under the same load when `raw` is among the systems; `--rounds` rounds of
+    each, alternating, the round with the median p99 shown."""
     from aldebaran.bench import table
     from aldebaran.bench.environment import Place
-    from aldebaran.bench.paced import paced, paced_floor
+    from aldebaran.bench.paced import Paced, paced, paced_floor
 
     rows = []
     for shape in (low, low.rebatched(100)):
-        runs = []
-        if "raw" in systems:
-            with Place(settings) as place:
-                runs.append(await paced_floor(place, shape, args.paced_rate, args.paced_seconds, workdir))
-        if "engine" in systems:
-            with Place(settings) as place:
-                runs.append(await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir))
+        floors: list[Paced] = []
+        engines: list[Paced] = []
+        for _ in range(args.rounds):  # alternating, so that a noisy minute touches both
+            if "raw" in systems:
+                with Place(settings) as place:
+                    floors.append(await paced_floor(place, shape, args.paced_rate, args.paced_seconds, workdir))
+            if "engine" in systems:
+                with Place(settings) as place:
+                    engines.append(await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir))
+        runs = [table.median_paced(kind) for kind in (floors, engines) if kind]
         rows += [table.paced_row(run) for run in runs]
         _print(rows[-len(runs):] if runs else [])
     return rows
