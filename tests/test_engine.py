@@ -187,3 +187,45 @@ def test_a_standby_engine_takes_over_when_the_owner_is_killed(vhost, redis_prefi
     assert set(counts) == stream.expected
     repeated = {a for a, n in counts.items() if n > 1}
     assert repeated <= _republished(log) and max(counts.values()) <= 2
+
+
+def test_a_cycle_logged_before_its_alerts_were_recorded_has_them_published_after_the_crash(tmp_path) -> None:
+    """The engine sends a cycle's record to Redis while it applies the books, and records the
+    alerts after: a crash in between leaves the record without its alerts. Recovery replays
+    the record and publishes the alerts it fires that were never recorded, once."""
+    import asyncio
+
+    from aldebaran.core.wal import WalMessage, WalRecord, encode_record
+    from aldebaran.io.engine_store import EngineStore
+    from aldebaran.io.redis import Keys, client
+    from aldebaran.settings import Settings
+    from aldebaran.trades.codec import JSON, encode_json
+    from aldebaran.trades.events import Purchase, PurchaseRequest
+
+    vhost, prefix = services.create_vhost(), services.redis_prefix()
+    env = _env(vhost, prefix, tmp_path, ttl="30")
+    events = [PurchaseRequest("crash", 10, "c", "s"), Purchase("p1", "crash", 11, "c", "s"),
+              PurchaseRequest("calm", 10, "c", "s"), Purchase("p2", "calm", 5, "c", "s")]
+    record = encode_record(WalRecord(int(time.time() * 1000), [WalMessage(JSON, encode_json(events))]))
+
+    async def crashed_after_logging() -> None:
+        redis = client(Settings(redis_url=services.REDIS_URL))
+        store = EngineStore(redis, Keys(prefix), "the-crashed-owner", 300, 3600)
+        assert await store.acquire()
+        await store.commit(record, [], [])  # its lease runs out; the alert was never recorded
+        await redis.aclose()
+
+    try:
+        declare(env)
+        asyncio.run(crashed_after_logging())
+        broker = Broker(vhost.amqp_url)
+        broker.tap_alerts()
+        with running(env, tmp_path / "up.log") as pipeline:
+            alerts = collect_alerts(broker, expected=1, timeout=60, settle=2)
+            log = pipeline.log()
+        broker.close()
+    finally:
+        services.delete_vhost(vhost)
+        services.clean_redis(prefix)
+    assert alert_counts(alerts) == {"over_purchase:crash": 1}
+    assert "were not recorded before the crash" in log

@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 from aldebaran.apps import load_rules
 from aldebaran.core.engine import Cycle, Engine, RuleReject
 from aldebaran.core.partitions import Partitioning
-from aldebaran.core.rule import Rule
+from aldebaran.core.rule import Alert, Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
 from aldebaran.io.engine_store import EngineStore, Fenced
@@ -53,10 +53,12 @@ from aldebaran.metrics import (
 )
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
+from workers.engine_cycle import alert_payloads
 from workers.engine_session import Session
 from workers.runtime import Lifecycle
 
 log = get_logger("engine")
+RECORD_CHUNK = 1000  # replayed alerts recorded per Redis call at recovery
 CONFLICTS_REMEMBERED = 10_000  # event ids whose conflict was logged (later ones are only counted)
 
 
@@ -119,15 +121,29 @@ class EngineWorker:
         now = datetime.now(UTC)
         if done is not None:
             engine.restore_done(done)
+        replayed: list[Alert] = []
         for record in records:
-            engine.replay(record, now)
+            replayed += engine.replay(record, now)
         prefix = self.keys.alert("")
         outbox = [(key[len(prefix):], body) for key, body in pending.items()]
+        outbox += await self._record_replayed(replayed)
         log.info("engine owns the books", apps=[rule.name for rule in self.rules], partition=self.partition,
                  partitions=self.config.partitions, books=engine.open_books,
                  done_markers=engine.done_markers, log_records=len(records), pending_alerts=len(outbox),
                  load_ms=round((time.perf_counter() - started) * 1000, 1))
         return engine, outbox
+
+    async def _record_replayed(self, alerts: list[Alert]) -> list[tuple[str, bytes]]:
+        """The replayed cycles' alerts that were never recorded (a crash after a cycle's record
+        and before its alerts): recorded now, to publish. The others answer "not new"."""
+        ids, bodies = alert_payloads(alerts)
+        new: list[tuple[str, bytes]] = []
+        for start in range(0, len(ids), RECORD_CHUNK):
+            flags = await self.store.commit(None, ids[start:start + RECORD_CHUNK], bodies[start:start + RECORD_CHUNK])
+            new += [(ids[start + i], bodies[start + i]) for i, is_new in enumerate(flags) if is_new]
+        if new:
+            log.warning("alerts of logged cycles were not recorded before the crash: recorded now", count=len(new))
+        return new
 
     def count(self, cycle: Cycle) -> None:
         """Metrics once per cycle, never per event."""

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = get_logger("engine")
 REPORT_SECONDS = 1.0
+EARLY_RECORD_BYTES = 256 * 1024  # a cycle up to this size sends its record before applying its books
+SEND_TURNS = 3  # event loop turns given to the record's Redis call before the books are applied
 
 
 class Session:
@@ -138,9 +140,9 @@ class Session:
             monotonic = time.monotonic()
             stamp = self.clock.stamp(monotonic)
             now = datetime.now(UTC)
-            cycle = engine.cycle([d.message for d in batch], stamp, now)
-            if batch or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
-                await self._commit(cycle, batch, now)
+            cycle, logged = await self._step(engine, [d.message for d in batch], stamp, now)
+            if logged is not None or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
+                await self._commit(cycle, batch, now, logged)
                 last_renewal = monotonic
             if batch:
                 self.worker.count(cycle)
@@ -159,13 +161,44 @@ class Session:
         if self.failed is not None:
             raise ConnectionError(f"engine output failed: {self.failed!r}")
 
-    async def _commit(self, cycle: Cycle, batch: list[Delivery], now: datetime) -> None:
-        """Log the cycle and record its alerts (one Redis call); confirm and ack in the background."""
+    async def _step(self, engine: Engine, messages: list[WalMessage], stamp: int,
+                    now: datetime) -> tuple[Cycle, asyncio.Task[list[bool]] | None]:
+        """The cycle; a small one's record is sent to Redis before its books are applied, and
+        Redis appends it meanwhile (the task to wait for). A big one is decoded and applied
+        message by message, its record and alerts committed in one call after: decoding 64
+        messages first and applying them after cost a drain ~6 %, more than a round trip saves."""
+        if not messages or sum(len(message.body) for message in messages) > EARLY_RECORD_BYTES:
+            return engine.cycle(messages, stamp, now), None
+        cycle = engine.begin(messages, stamp)
+        assert cycle.record is not None, "a cycle with messages always has a record"
+        logged = await self._log(cycle.record)
+        return engine.finish(cycle, now), logged
+
+    async def _log(self, record: bytes) -> asyncio.Task[list[bool]]:
+        """Send the cycle's record now, without waiting for the reply."""
+        task = asyncio.ensure_future(self.store.commit(record, [], []))
+        # A few loop turns: the task takes a pooled connection (redis-py yields once there) and
+        # writes the request, then waits for the reply while the books are applied. Measured:
+        # one turn left ~0.33 ms of the call after the step, two or more ~0.1 ms.
+        for _ in range(SEND_TURNS):
+            await asyncio.sleep(0)
+        return task
+
+    async def _commit(self, cycle: Cycle, batch: list[Delivery], now: datetime,
+                      logged: asyncio.Task[list[bool]] | None) -> None:
+        """Log the cycle (or wait for its record, sent early) and record its alerts; confirm and
+        ack in the background. A crash between an early record and its alerts leaves a logged
+        cycle whose alerts were never recorded: recovery replays it and records them then
+        (`EngineWorker.recover`)."""
         output = CycleOutput.of(cycle, batch)
         ids, bodies = alert_payloads(cycle.alerts)
-        fresh = await self.store.commit(cycle.record, ids, bodies) if (cycle.record or ids) else []
-        if not cycle.record and not ids:
-            await self.store.renew()
+        if logged is not None:
+            await logged
+            fresh = await self.store.commit(None, ids, bodies) if ids else []
+        else:
+            fresh = await self.store.commit(cycle.record, ids, bodies) if (cycle.record or ids) else []
+            if not cycle.record and not ids:
+                await self.store.renew()
         new = [i for i, is_new in enumerate(fresh) if is_new]
         if len(new) < len(ids):
             ALERTS_DEDUPLICATED.inc(len(ids) - len(new))

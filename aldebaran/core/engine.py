@@ -8,6 +8,10 @@ the unreadable elements (to dead-letter) and the write-ahead record of the cycle
 worker commits the record and the alerts before it acks the messages; after a crash
 the records, replayed through `replay`, rebuild the same books (docs/engine.md).
 
+A cycle has two halves, `begin` (decode: the record is known, no book has changed) and
+`finish` (close and apply: the alerts are known), so that the worker can send the record
+to Redis while the books are applied; `cycle` is both at once.
+
 A rule that raises on an event does so again on replay (the engine is deterministic), so
 retrying cannot help: the message is dead-lettered at once with the rule's error as its
 reason, its other events go on, and so does every other message of the cycle.
@@ -18,7 +22,7 @@ No I/O, no clock reads: the stamp and `now` (the alerts' `detected_at`) are pass
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -47,6 +51,7 @@ class Cycle:
     close_failures: list[RuleFailure] = field(default_factory=list)  # a rule raised closing a book
     handovers: dict[int, bytes] = field(default_factory=dict)  # partition -> its events' handover body
     handed_over: int = 0  # events handed to other partitions
+    decoded: list[tuple[int, WalMessage, list[Any]]] = field(default_factory=list)  # between begin and finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,42 +120,75 @@ class Engine:
         return self.books.close_due((self.last_stamp_ms - 1) / 1000.0, now)
 
     def cycle(self, messages: Sequence[WalMessage], stamp_ms: int, now: datetime) -> Cycle:
-        """Close what is due, then apply `messages` at `stamp_ms`; the record logs them."""
+        """Close what is due, then apply `messages` at `stamp_ms`; the record logs them. Each
+        message is applied as soon as it is decoded, its events still in the CPU's caches
+        (64 messages decoded first and applied after cost ~6 % more in a drain)."""
         out = Cycle(stamp_ms)
-        out.alerts = self.close(stamp_ms, now)
-        out.close_failures = self.books.take_failures()
+        self._close(out, now)
         if messages:
-            # The record keeps the cycle's stamp and only the messages that held an event: the
-            # rest changes no book on replay, and a flood of junk (each message up to the
-            # broker's size limit) must not fill Redis.
-            logged = self._apply(messages, out, now, self.last_stamp_ms, hand_over=True)
+            logged: list[WalMessage] = []
+            self._apply(self._decoded(messages, out, logged), out, now, self.last_stamp_ms, hand_over=True)
             out.record = encode_record(WalRecord(self.last_stamp_ms, logged))
             self.wal.appended(self.last_stamp_ms)
         out.conflicts, self.books.conflicts = self.books.conflicts, []
         return out
 
-    def replay(self, record: WalRecord, now: datetime) -> None:
-        """Re-run a committed cycle after a crash; its alerts, rejects and conflicts were handled then."""
-        self.close(record.stamp_ms, now)
-        self.books.take_failures()
-        self._apply(record.messages, Cycle(record.stamp_ms), now, record.stamp_ms)
+    def begin(self, messages: Sequence[WalMessage], stamp_ms: int) -> Cycle:
+        """Decode `messages` (their rejects into the cycle) and write the cycle's record; no book changes."""
+        out = Cycle(stamp_ms)
+        if messages:
+            logged: list[WalMessage] = []
+            out.decoded = list(self._decoded(messages, out, logged))
+            # The stamp `close` will move the clock to: the newest yet.
+            out.record = encode_record(WalRecord(max(stamp_ms, self.last_stamp_ms), logged))
+        return out
+
+    def finish(self, out: Cycle, now: datetime) -> Cycle:
+        """Close what is due at the cycle's stamp, then apply what `begin` decoded."""
+        self._close(out, now)
+        if out.record is not None:
+            self._apply(out.decoded, out, now, self.last_stamp_ms, hand_over=True)
+            self.wal.appended(self.last_stamp_ms)
+        out.decoded = []
+        out.conflicts, self.books.conflicts = self.books.conflicts, []
+        return out
+
+    def replay(self, record: WalRecord, now: datetime) -> list[Alert]:
+        """Re-run a committed cycle after a crash; its rejects and conflicts were handled then.
+        Its alerts come back: the record may have been logged before its alerts were recorded
+        (the worker sends the record while the books are applied), and recording an alert
+        that already was is a no-op (`SET NX`)."""
+        out = Cycle(record.stamp_ms)
+        self._close(out, now)
+        self._apply(self._decoded(record.messages, out, []), out, now, record.stamp_ms)
         self.books.conflicts.clear()
         self.wal.appended(record.stamp_ms)
+        return out.alerts
 
-    def _apply(self, messages: Sequence[WalMessage], out: Cycle, now: datetime, stamp_ms: int,
-               hand_over: bool = False) -> list[WalMessage]:
-        """Apply the messages' events; the messages that held any (what the log must keep).
-        With `hand_over`, the events of other partitions' books go to `out.handovers` (a
-        replay skips them: they were handed over before the messages were acked)."""
+    def _close(self, out: Cycle, now: datetime) -> None:
+        out.alerts = self.close(out.stamp_ms, now)
+        out.close_failures = self.books.take_failures()
+
+    def _decoded(self, messages: Sequence[WalMessage], out: Cycle,
+                 logged: list[WalMessage]) -> Iterator[tuple[int, WalMessage, list[Any]]]:
+        """Each message that held an event, with its events, decoded when it is asked for. The
+        record keeps only these (`logged`): the rest changes no book on replay, and a flood of
+        junk (each message up to the broker's size limit) must not fill Redis."""
+        for index, message in enumerate(messages):
+            events = self._events(index, message, out)
+            if events:
+                logged.append(message)
+                yield index, message, events
+
+    def _apply(self, decoded: Iterable[tuple[int, WalMessage, list[Any]]], out: Cycle, now: datetime,
+               stamp_ms: int, hand_over: bool = False) -> None:
+        """Apply the decoded messages' events. With `hand_over`, the events of other
+        partitions' books go to `out.handovers` (a replay skips them: they were handed over
+        before the messages were acked)."""
         at = stamp_ms / 1000.0
         offer_many, fired, rules = self.books.offer_many, out.alerts, self.rules
         foreign: dict[int, list[Any]] = {}
-        logged: list[WalMessage] = []
-        for index, message in enumerate(messages):
-            events = self._events(index, message, out)
-            if not events:
-                continue
-            logged.append(message)
+        for index, message, events in decoded:
             for rule, accepted in zip(rules, self._share(events, message.handed_over, foreign), strict=True):
                 applied, duplicate, late = offer_many(rule.name, accepted, at, now, fired)
                 out.applied += applied
@@ -161,7 +199,6 @@ class Engine:
         if hand_over and foreign and self.partitioning is not None:
             out.handovers = {owner: self.partitioning.handover(events) for owner, events in foreign.items()}
             out.handed_over = sum(map(len, foreign.values()))
-        return logged
 
     def _events(self, index: int, message: WalMessage, out: Cycle) -> list[Any]:
         """One message's events: decoded from the ingress (its unreadable elements to
