@@ -229,3 +229,43 @@ def test_a_cycle_logged_before_its_alerts_were_recorded_has_them_published_after
         services.clean_redis(prefix)
     assert alert_counts(alerts) == {"over_purchase:crash": 1}
     assert "were not recorded before the crash" in log
+
+
+def test_a_cycle_too_big_to_send_its_record_early_is_logged_and_acked(tmp_path) -> None:
+    """Ten 1000-event messages waiting before the engine starts make its first cycle ~0.5 MB,
+    over the size whose record goes to Redis before the books are applied: the record and
+    the alerts go in one call after. Requests only, so no alert forces a commit: every
+    message must still be logged and acked."""
+    import redis
+
+    from aldebaran.core.wal import decode_record
+    from aldebaran.io.redis import Keys
+    from aldebaran.trades.codec import MSGPACK, encode_msgpack
+    from aldebaran.trades.events import PurchaseRequest
+    from workers.engine_session import EARLY_RECORD_BYTES
+
+    vhost, prefix = services.create_vhost(), services.redis_prefix()
+    env = _env(vhost, prefix, tmp_path, ttl="30")
+    bodies = [encode_msgpack([PurchaseRequest(f"big-{m}-{n}", 10, "client", "stock") for n in range(1000)])
+              for m in range(10)]
+    assert sum(map(len, bodies)) > EARLY_RECORD_BYTES
+    wal = Keys(prefix).engine("wal")
+    store = redis.Redis.from_url(services.REDIS_URL)
+
+    def logged_messages() -> int:
+        return sum(len(decode_record(data).messages) for data in store.lrange(wal, 0, -1))
+
+    try:
+        declare(env)
+        broker = Broker(vhost.amqp_url)
+        for body in bodies:
+            broker.publish_raw(body, MSGPACK)
+        with running(env, tmp_path / "up.log"):
+            wait_until(lambda: logged_messages() == len(bodies), lambda: f"{logged_messages()} messages logged", 60)
+            wait_until(lambda: vhost.queues()["Aldebaran.Trade_Data"].get("messages", -1) == 0,
+                       lambda: f"Aldebaran.Trade_Data not acked: {vhost.queues()['Aldebaran.Trade_Data']}", 60)
+        broker.close()
+    finally:
+        store.close()
+        services.delete_vhost(vhost)
+        services.clean_redis(prefix)

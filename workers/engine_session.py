@@ -141,7 +141,7 @@ class Session:
             stamp = self.clock.stamp(monotonic)
             now = datetime.now(UTC)
             cycle, logged = await self._step(engine, [d.message for d in batch], stamp, now)
-            if logged is not None or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
+            if batch or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
                 await self._commit(cycle, batch, now, logged)
                 last_renewal = monotonic
             if batch:
