@@ -68,6 +68,34 @@ async def test_a_dripping_answer_cannot_hold_a_delivery_past_its_timeout() -> No
             await asyncio.wait_for(http.post(client, url, 1.5, content=b"{}"), timeout=30)
 
 
+async def test_a_connection_idle_past_the_keepalive_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that drops a second request on a kept-alive connection (its idle timeout firing
+    as the request arrives, made certain): after `KEEPALIVE_SECONDS` idle the client opens a new
+    connection, so the second alert is answered instead of going in doubt."""
+    connections = [0]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)  # the body, b"{}"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read(1)  # a second request on this connection, or the client's close
+        writer.close()
+
+    monkeypatch.setattr(http, "KEEPALIVE_SECONDS", 0.2)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    try:
+        async with http.client(5) as client:
+            assert (await http.post(client, url, 5, content=b"{}")).is_success
+            await asyncio.sleep(0.5)  # idle past the keep-alive expiry: the stimulus, not a wait
+            assert (await http.post(client, url, 5, content=b"{}")).is_success
+    finally:
+        server.close()
+    assert connections[0] == 2
+
+
 async def test_link_local_targets_are_refused_at_send_unless_allowed() -> None:
     async with http.client(1) as client:
         with pytest.raises(NotDelivered, match="link-local") as refused:
