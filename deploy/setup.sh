@@ -5,7 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3.11}
 AMQP_HOST=${SETUP_AMQP_HOST:-127.0.0.1}
 AMQP_PORT=${SETUP_AMQP_PORT:-5672}
 REDIS_HOST=${SETUP_REDIS_HOST:-127.0.0.1}
@@ -21,10 +20,27 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# 1. Python environment
-command -v "$PYTHON" >/dev/null || PYTHON=python3
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "Python >= 3.11 needed ($PYTHON is older)"
-[ -x .venv/bin/python ] || { say "creating .venv"; "$PYTHON" -m venv .venv; }
+# 1. Python environment. The distribution's interpreter comes first: Debian's python3.11 is
+# one statically linked binary, built with profile-guided optimisation. A --enable-shared
+# build found earlier on the PATH (pyenv's default) ran the engine and the hand-written
+# consumer 20-28 % slower on the same box (docs/benchmarks.md, "The interpreter").
+# PYTHON=... chooses another.
+is_311() { command -v "$1" >/dev/null && "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in /usr/bin/python3.11 /usr/bin/python3 python3.11 python3; do
+    if is_311 "$candidate"; then PYTHON=$candidate; break; fi
+  done
+fi
+[ -n "${PYTHON:-}" ] && is_311 "$PYTHON" || die "Python >= 3.11 needed (none found; PYTHON=${PYTHON:-unset})"
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then  # Debian ships venv's pip apart
+    say "installing the venv module for $PYTHON"
+    apt_install "python$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
+  fi
+  say "creating .venv with $PYTHON"; "$PYTHON" -m venv .venv
+elif [ "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" != "$(command -v "$PYTHON")" ]; then
+  say "note: .venv runs $(.venv/bin/python -c 'import sys; print(sys._base_executable)'), not $PYTHON (rm -rf .venv to rebuild it)"
+fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   say "installing aldebaran with test extras into .venv"
