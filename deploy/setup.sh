@@ -21,9 +21,9 @@ apt_install() {
 }
 
 # 1. Python environment. The distribution's interpreter comes first: Debian's python3.11 is
-# one statically linked binary, built with profile-guided optimisation. A --enable-shared
-# build found earlier on the PATH (pyenv's default) ran the engine and the hand-written
-# consumer 20-28 % slower on the same box (docs/benchmarks.md, "The interpreter").
+# one statically linked binary, built with profile-guided optimisation; on a box whose PATH
+# found a --enable-shared build first (pyenv's default), Debian's drained 24-28 % more msgpack
+# events/s, engine and hand-written consumer alike (docs/benchmarks.md, "The interpreter").
 # PYTHON=... chooses another.
 is_311() { command -v "$1" >/dev/null && "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
 if [ -z "${PYTHON:-}" ]; then
@@ -38,8 +38,9 @@ if [ ! -x .venv/bin/python ]; then
     apt_install "python$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
   fi
   say "creating .venv with $PYTHON"; "$PYTHON" -m venv .venv
-elif [ "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" != "$(command -v "$PYTHON")" ]; then
-  say "note: .venv runs $(.venv/bin/python -c 'import sys; print(sys._base_executable)'), not $PYTHON (rm -rf .venv to rebuild it)"
+else
+  base=$(.venv/bin/python -c 'import sys; print(sys._base_executable)')
+  [ "$base" = "$(command -v "$PYTHON")" ] || say "note: .venv runs $base, not $PYTHON (rm -rf .venv to rebuild it)"
 fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
