@@ -12,13 +12,19 @@ from tests.support import services
 from tests.support.pipeline import Broker, declare
 
 
+RECORDED_RUNS = {"test_audit", "test_audit_pipeline", "test_kill"}  # modules whose audits judge real runs
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`--dist loadgroup`), the tests of the shared in-process SparkSession
-    run on one worker: one JVM for them all instead of one per worker on two cores. (Spark
-    tests that run the audit as a command, or ask for the session late, go anywhere.)"""
+    """Under pytest-xdist (`--dist loadgroup`), the tests of the in-process SparkSession (those
+    that ask for `spark`, and those marked `spark` that ask for it late) run in two groups, one
+    JVM each: the audits of real recorded runs, and those of hand-made traces. One JVM for all
+    of them made a path longer than the rest of the suite; one per worker, three JVMs warming
+    up on two cores."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
+            recorded = item.nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py") in RECORDED_RUNS
+            item.add_marker(pytest.mark.xdist_group("spark-recorded" if recorded else "spark-traces"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -81,10 +87,10 @@ def broker(vhost: services.Vhost, worker_env: dict[str, str]) -> Iterator[Broker
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """One local[2] SparkSession for every audit test of the run: it costs ~7 s to start."""
+    """One local[2] SparkSession per pytest worker for its audit tests: it costs ~7 s to start."""
     from spark_analytics.session import spark_session
 
-    session = spark_session("local[2]")
+    session = spark_session("local[2]", input_bytes=0)  # tests audit kilobytes: C1 alone (SMALL_INPUT_BYTES)
     session.conf.set("spark.sql.shuffle.partitions", "2")  # tiny inputs: fewer, cheaper tasks
     yield session
     session.stop()
