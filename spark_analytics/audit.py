@@ -14,7 +14,9 @@ deployment (`vhost`): one deployment's alerts are never judged against another's
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 from pyspark import StorageLevel
@@ -103,11 +105,25 @@ def _read(spark: SparkSession, opts: AuditOptions, files: list[str], span: tuple
     return slim, counts, corrupt
 
 
+def read_span(opts: AuditOptions) -> tuple[int | None, int | None]:
+    """The judged window widened by how long an order's events, alerts and deliveries can trail it."""
+    margin = int((opts.book_ttl_s + opts.grace_s + opts.delivery_grace_s) * 1000)
+    return (None if opts.since_ms is None else opts.since_ms - margin,
+            None if opts.until_ms is None else opts.until_ms + margin)
+
+
+def input_bytes(opts: AuditOptions) -> int:
+    """The compressed size of the part files the audit reads (before Spark starts: it picks the JIT)."""
+    total = 0
+    for name in traces.part_files(opts.traces_dir, *read_span(opts)):
+        with suppress(OSError):  # a file gone since the listing is the read's business, not this sum's
+            total += Path(name).stat().st_size
+    return total
+
+
 def _load(spark: SparkSession, opts: AuditOptions, step: Step) -> _Input:
     """Read and decode every trace line once (cached), count damage, name the deployments."""
-    margin = int((opts.book_ttl_s + opts.grace_s + opts.delivery_grace_s) * 1000)
-    span = (None if opts.since_ms is None else opts.since_ms - margin,
-            None if opts.until_ms is None else opts.until_ms + margin)
+    span = read_span(opts)
     files = traces.part_files(opts.traces_dir, *span)
     step(f"reading and decoding {len(files)} part files (JSON, text form, batches, msgpack)")
     torn: list[tuple[str, int, int]] = []

@@ -78,14 +78,14 @@ def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: boo
     from rich.console import Console
 
     from spark_analytics import report
-    from spark_analytics.audit import run_audit
+    from spark_analytics.audit import input_bytes, run_audit
 
     console = Console(stderr=True)
     started = time.monotonic()
     with console.status("starting Spark") as status:
         if spark is None:
             from spark_analytics.session import spark_session
-            spark = spark_session(master, memory=memory)
+            spark = spark_session(master, memory=memory, input_bytes=input_bytes(opts))
 
         def step(text: str) -> None:
             console.log(f"[bold]audit[/]: {text}")
