@@ -9,7 +9,8 @@ demo: setup
 	.venv/bin/aldebaran demo
 
 # Three pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU;
-# the Spark tests share one worker (tests/conftest.py).
+# the Spark tests share two of them, one JVM each (tests/conftest.py). Four were 578-608 s
+# against three's 614 s on a slowed host, and the more loaded box broke a timing margin once.
 test:
 	SETUP_TEST_TOOLS=1 bash deploy/setup.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --durations=15
