@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     up on two cores."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
-            recorded = item.nodeid.split("::")[0].rpartition("/")[2].removesuffix(".py") in RECORDED_RUNS
+            recorded = item.path.stem in RECORDED_RUNS
             item.add_marker(pytest.mark.xdist_group("spark-recorded" if recorded else "spark-traces"))
 
 
