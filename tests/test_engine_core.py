@@ -6,10 +6,12 @@ from datetime import datetime, timezone
 
 from hypothesis import given, settings as hsettings, strategies as st
 
-from aldebaran.apps.trade_limits import rule
+from aldebaran.apps.trade_limits import TradeLimits, rule
 from aldebaran.core.batching import NaturalBatcher
 from aldebaran.core.engine import Engine
+from aldebaran.core.partitions import Partitioning
 from aldebaran.core.pipeline_clock import PipelineClock
+from aldebaran.core.rule import accepts_everything
 from aldebaran.core.wal import WalIndex, WalMessage, decode_record
 from aldebaran.trades.codec import MSGPACK, encode_msgpack
 from aldebaran.trades.events import Purchase, PurchaseRequest
@@ -187,6 +189,35 @@ def test_a_lone_rule_sees_only_the_events_it_accepts() -> None:
     assert cycle.applied == 1 and cycle.alerts == []
     (day,) = engine.books.books["client_daily_limit"].values()
     assert day.state.purchased == 20
+
+
+class _CountingLimits(TradeLimits):
+    """trade_limits counting its `accepts` calls, taking `types` (None: both, undeclared)."""
+
+    def __init__(self, types: tuple[type, ...] | None) -> None:
+        self.calls = 0
+        self.event_types = types  # type: ignore[assignment]
+        self.taken = types or (PurchaseRequest, Purchase)
+
+    def accepts(self, event: object) -> bool:
+        self.calls += 1
+        return isinstance(event, self.taken)
+
+
+def test_a_rule_that_takes_every_decoded_type_is_not_asked_per_event() -> None:
+    events = [PurchaseRequest("1", 10, "c", "s"), Purchase("p1", "1", 11, "c", "s")]
+    for types, calls in (((PurchaseRequest, Purchase), 0), ((Purchase,), 2), (None, 2)):
+        counting = _CountingLimits(types)
+        assert accepts_everything(counting) is (calls == 0)
+        engine = Engine([counting], default_ttl=TTL, done_retention=30.0, done_cap=10**9,
+                        max_message_bytes=1 << 20)
+        cycle = engine.cycle([WalMessage(MSGPACK, encode_msgpack(events))], 1_000, NOW)
+        assert counting.calls == calls, types
+        # Filtered or not, what the rule takes is applied: without requests, no over_purchase.
+        assert cycle.applied == (2 if types != (Purchase,) else 1)
+        assert [a.kind for a in cycle.alerts] == (["over_purchase"] if types != (Purchase,) else [])
+        routed = Partitioning([counting], 0, 1).route(events, handed_over=False)
+        assert counting.calls == 2 * calls and len(routed.own[0]) == cycle.applied
 
 
 def test_done_markers_forgotten_by_the_cap_are_handed_to_the_counter_once() -> None:

@@ -30,9 +30,10 @@ class TradeLimits:
     name = "trade_limits"
     queue_prefix = "book-"
     codec = TRADE_CODEC
+    event_types = (PurchaseRequest, Purchase)  # all the codec yields: the engine skips `accepts`
 
     def accepts(self, event: TradeEvent) -> bool:
-        return isinstance(event, (PurchaseRequest, Purchase))
+        return isinstance(event, self.event_types)
 
     def key(self, event: TradeEvent, at: float = 0.0) -> str:
         # Keyed by identity: `at` is unused (its default keeps one-argument callers working).

@@ -30,7 +30,7 @@ from typing import Any
 from aldebaran.core.book_store import BookStore, RuleFailure
 from aldebaran.core.done_markers import DoneDelta
 from aldebaran.core.partitions import Partitioning
-from aldebaran.core.rule import Alert, Rule
+from aldebaran.core.rule import Alert, Rule, accepts_everything
 from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_record
 
 
@@ -102,6 +102,8 @@ class Engine:
         if not rules:
             raise ValueError("an engine needs at least one rule")
         self.rules = list(rules)
+        # Per rule, its filter; None for a rule that takes every event the codec yields.
+        self._filters = [None if accepts_everything(rule) else rule.accepts for rule in self.rules]
         self.books = BookStore({rule.name: rule for rule in rules}, default_ttl, done_retention, done_cap)
         self.codec = self.rules[0].codec  # the trade codec: every rule reads the same ingress
         self.max_bytes = max_message_bytes
@@ -222,7 +224,7 @@ class Engine:
     def _share(self, events: list[Any], handed_over: bool, foreign: dict[int, list[Any]]) -> list[list[Any]]:
         """Per rule, the events of its books that this engine owns; the rest into `foreign`."""
         if self.partitioning is None:  # a lone rule is asked too: the daily limit takes purchases only
-            return [[e for e in events if rule.accepts(e)] for rule in self.rules]
+            return [events if accepts is None else [e for e in events if accepts(e)] for accepts in self._filters]
         routed = self.partitioning.route(events, handed_over)
         for owner, theirs in routed.foreign.items():
             foreign.setdefault(owner, []).extend(theirs)

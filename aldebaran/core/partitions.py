@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from aldebaran.core.rule import Rule
+from aldebaran.core.rule import Rule, accepts_everything
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -66,7 +66,7 @@ class Partitioning:
             raise ValueError(f"partition {index} is not one of 0..{count - 1}")
         self.index, self.count = index, count
         self.apps = [rule.name for rule in rules]
-        self._rules = [(rule.accepts, partition_key_of(rule)) for rule in rules]
+        self._rules = [(None if accepts_everything(rule) else rule.accepts, partition_key_of(rule)) for rule in rules]
         self._codec = rules[0].codec
 
     def handover(self, events: list[Any]) -> bytes:
@@ -95,7 +95,7 @@ class Partitioning:
         for event in events:
             targets: set[int] = set()
             for (accepts, partition_key), own in zip(self._rules, routed.own, strict=True):
-                if not accepts(event):
+                if accepts is not None and not accepts(event):
                     continue
                 owner = partition_of(partition_key(event), count)
                 if owner == index:

@@ -92,6 +92,8 @@ class Rule(Protocol, Generic[State]):
 
     # Optional, for partitioned engines: `partition_key(event) -> str`, what `key` is built on
     # without time (an order, a client); absent, `key(event, 0.0)` (docs/engine.md, "Scaling out").
+    # Optional: `event_types`, the classes `accepts` takes every instance of; when they cover the
+    # codec's own `event_types`, the engine skips the per-event call (`accepts_everything`).
 
     def event_id(self, event: Event) -> str:
         """The identity an event counts once by, however often it is delivered: unique among
@@ -114,3 +116,12 @@ class Rule(Protocol, Generic[State]):
 
     def is_final(self, state: State) -> bool:
         """True when no later event can fire anything (the book may ack eagerly)."""
+
+
+def accepts_everything(rule: Rule[Any]) -> bool:
+    """Whether the rule takes every event its codec can decode, as both declare (optional
+    `event_types` on each): then nothing needs filtering, and calling `accepts` once per event
+    was ~5 % of the engine step."""
+    decoded = getattr(rule.codec, "event_types", None)
+    taken = getattr(rule, "event_types", None)
+    return decoded is not None and taken is not None and set(decoded) <= set(taken)

@@ -319,6 +319,7 @@ class TradeCodec:
     """The trade domain's codec as the core uses it: public wire forms in, compact msgpack inside."""
 
     name = "trades"
+    event_types = (PurchaseRequest, Purchase)  # every event `decode` and `unpack` can yield
 
     def decode(self, body: bytes, content_type: str | None, max_bytes: int) -> Decoded:
         return decode_message(body, content_type, max_bytes)
