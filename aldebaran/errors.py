@@ -45,3 +45,9 @@ class PublishRefused(AldebaranError):
     """The broker kept refusing a message (a full ingress with `overflow = reject-publish`)."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+class PublishUnconfirmed(AldebaranError):
+    """A publish ended without the broker's confirm, neither refused nor lost with its connection."""
+
+    exit_code = ExitCode.UNAVAILABLE

@@ -119,3 +119,60 @@ def test_a_publish_stamp_that_is_not_a_time_reads_as_none(value) -> None:
 def test_an_older_publishers_millisecond_stamp_still_reads() -> None:
     assert published_ms({PUBLISHED_MS_HEADER: 1_700_000_000_123}) == 1_700_000_000_123.0
     assert published_ms({PUBLISHED_HEADER: 1_700_000_000_123_456}) == 1_700_000_000_123.456
+
+
+def test_a_message_that_fails_while_later_ones_go_out_fails_the_publish(settings, monkeypatch) -> None:
+    """A send's failure is the publisher's failure even when its task ends before the last
+    message: it used to end with its task, and the publish returned as if all were confirmed."""
+    from declare.declarer import declare
+    from aldebaran.io import publisher
+
+    assert declare(settings, echo=lambda _: None) > 0
+    bodies = [Body(encode_json([PurchaseRequest(f"early-{i}", 1, "c", "s")]), 1) for i in range(4)]
+    attempt = publisher._Sender._attempt
+
+    async def second_breaks(self, body: Body, tries: int) -> bool:
+        if body is bodies[1]:
+            raise ValueError("the broker library failed in a way nobody foresaw")
+        return await attempt(self, body, tries)
+
+    monkeypatch.setattr(publisher._Sender, "_attempt", second_breaks)
+    with pytest.raises(ValueError, match="nobody foresaw"):
+        asyncio.run(publish_bodies(settings, bodies, window=1))
+    assert sorted(_take_all(settings)) == [bodies[0].data]  # sending stopped at the failure
+
+
+class _ReplacedLink:
+    """A link another sender has just replaced: healthy, one generation on."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.broken = False
+        self.exchange = self
+        self.calls = 0
+
+    async def replace(self, generation: int) -> None:
+        assert generation != self.generation, "the link was replaced already: nothing to do"
+
+    async def publish(self, message, routing_key: str, timeout: float) -> None:
+        self.calls += 1
+        if self.calls == 1:  # the channel closed under the publish; aio-pika cancels its confirm
+            self.generation += 1
+            raise asyncio.CancelledError
+
+
+def test_a_confirm_cancelled_with_a_connection_another_sender_replaced_is_sent_again(settings) -> None:
+    """The connection that carried the publish is gone, though the link already holds its
+    replacement: a lost confirm, sent again, not a cancellation that drops the message."""
+    from aldebaran.io.publisher import PublishReport, _Sender
+
+    link, report = _ReplacedLink(), PublishReport()
+
+    async def send() -> None:
+        slots = asyncio.Semaphore(1)
+        await slots.acquire()
+        sender = _Sender(settings, link, report, max_retries=3, slots=slots, progress=None)  # type: ignore[arg-type]
+        await sender.send(Body(b"[]", 1))
+
+    asyncio.run(send())
+    assert (link.calls, report.resends, report.events) == (2, 1, 1)

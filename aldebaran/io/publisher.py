@@ -25,7 +25,7 @@ import aio_pika.abc
 import aio_pika.exceptions
 import aiormq.exceptions
 
-from aldebaran.errors import PublishRefused, UnavailableError
+from aldebaran.errors import PublishRefused, PublishUnconfirmed, UnavailableError
 from aldebaran.io import amqp
 from aldebaran.io.amqp import backoff_delay
 from aldebaran.log import get_logger
@@ -144,6 +144,8 @@ class _Sender:
         self.max_retries = max_retries
         self.slots = slots
         self.progress = progress
+        # Why sends failed, kept before their window slot is freed: the caller sends nothing more.
+        self.failed: list[BaseException] = []
 
     async def send(self, body: Body) -> None:
         """Publish `body` (its window slot is taken by the caller, released here)."""
@@ -157,6 +159,14 @@ class _Sender:
             self.report.events += body.events
             if self.progress:
                 self.progress(body.events)
+        except asyncio.CancelledError:
+            self.failed.append(PublishUnconfirmed(
+                "a publish was cancelled before the broker confirmed it; sending stopped there: "
+                "publish again (events count once by id)"))
+            raise
+        except BaseException as exc:
+            self.failed.append(exc)
+            raise
         finally:
             self.slots.release()
 
@@ -179,8 +189,10 @@ class _Sender:
             await self._back_off(exc, attempt, generation)
         except (*LOST, asyncio.CancelledError) as exc:
             task = asyncio.current_task()
-            if isinstance(exc, asyncio.CancelledError) and (
-                    task is None or task.cancelling() or not self.link.broken):
+            # Lost with its connection: that one is broken, or another sender has replaced it
+            # already (then the link looks healthy, and only the generation tells).
+            lost = self.link.broken or generation != self.link.generation
+            if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling() or not lost):
                 raise  # a real cancellation, not a confirm dropped with its connection
             self.report.resends += 1
             log.warning("connection lost before the confirm; re-sending on another node",
@@ -235,6 +247,7 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
         slots = asyncio.Semaphore(window)
         sender = _Sender(settings, link, report, max_retries=max_retries, slots=slots, progress=progress)
         pending: set[asyncio.Task[None]] = set()
+        failed = sender.failed  # a send that fails while later ones go out must not end with its task
         sent_events = 0
         for body in bodies:
             if rate:
@@ -242,12 +255,17 @@ async def publish_bodies(settings: Settings, bodies: Iterable[Body], *, rate: fl
                 if ahead > 0:
                     await asyncio.sleep(ahead)
             await slots.acquire()
+            if failed:  # nothing more is sent once a message failed
+                slots.release()
+                break
             task = asyncio.create_task(sender.send(body))
             pending.add(task)
             task.add_done_callback(pending.discard)
             sent_events += body.events
-        if pending:
-            await asyncio.gather(*pending)
+        if pending:  # (cancelled with us: gather cancels them)
+            await asyncio.gather(*pending, return_exceptions=True)
+        if failed:
+            raise failed[0]
     finally:
         report.elapsed = time.perf_counter() - started
         await link.close()
