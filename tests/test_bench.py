@@ -11,6 +11,7 @@ from collections import Counter
 from aldebaran.bench.drain import Drain
 from aldebaran.bench.paced import Paced, percentiles
 from aldebaran.bench.table import BEGIN, END, alert_cell, median_paced, write
+from aldebaran.bench.targets import Results, rows as verdict_rows
 from aldebaran.bench.workload import build
 from aldebaran.trades.codec import decode_message
 from aldebaran.trades.generator import expected_alerts
@@ -43,6 +44,45 @@ def test_the_alert_cell_counts_ok_wrong_missing_and_repeated() -> None:
     run = Drain("x", alerts=Counter({"a": 2, "b": 1, "z": 1}))
     assert alert_cell(run, {"a", "b", "c"}) == "2 / 1 / 1 / 1"
     assert alert_cell(Drain("raw"), {"a"}).startswith("–")
+
+
+def test_targets_are_judged_from_the_run_with_how_far_they_are_missed() -> None:
+    expected = {"over_purchase:1", "over_purchase:2"}
+    once = Counter(expected)
+    engine = Drain("engine, 1 process", events=1_000_000, seconds=2.0, alerts=once,
+                   cpu={"engine": 0.5, "rabbitmq": 0.1, "redis": 0.1, "bench": 3.0})  # 500k/s, 1.4 µs
+    slow_json = Drain("engine, 1 process", events=100_000, seconds=1.0, alerts=Counter({"over_purchase:1": 2}))
+    hand = Drain("hand-written batched pika consumer", events=1_000_000, seconds=1.0)
+    heavy = Drain("engine, 1 process (+ lookout, queue-api and amqp channels)", events=1_000_000, seconds=8.0,
+                  alerts=once, delivered_once=False, last_alert_after=2.5)
+    short = Drain("engine, 1 process", events=10_000_000, seconds=20.0, alerts=once)
+    floor = Paced("broker floor", 100_000, latency={"book": {"p99": 3.5}})
+    paced = Paced("engine", 100_000, latency={"book": {"p99": 12.5}, "alert": {"p99": 20.0}})
+    results = Results(drains={"msgpack": [engine], "json": [hand, slow_json], "alert-heavy": [heavy],
+                              "sustained": [short]},
+                      expected={key: expected for key in ("msgpack", "json", "alert-heavy", "sustained")},
+                      paced={1000: (floor, paced)}, step_us=(1.5, 3.3))
+    table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in verdict_rows(results)}
+    first = table["≥ 250,000 events/s, low-alert 1000-event msgpack, every alert right"]
+    assert first == ["500,000 events/s", "met (2.00×) |"]
+    assert table["the same sustained for 60 s"][1] == "not judged: 20 s of draining, under 60 |"
+    json = table["≥ 150,000 events/s, 100-event JSON"][1]
+    assert json == "**missed** by 1.50×; the alerts were not exact either |"
+    wrong = Results(drains={"msgpack": [engine]}, expected={"msgpack": {"over_purchase:9"}})
+    assert verdict_rows(wrong)[0].endswith("| **missed**: the alerts were not exact (the rate met (2.00×)) |")
+    assert table["JSON: ≥ 0.6× the hand-written consumer"] == ["0.10×", "**missed** by 6.00× |"]
+    assert table["JSON: ≥ 1.5× Bytewax"][1] == "not in this run |"
+    heavy_row = next(v for k, v in table.items() if k.startswith("alert-heavy: ≥"))
+    assert "not exactly once" in heavy_row[0] and heavy_row[1].startswith("**missed**")
+    assert next(v for k, v in table.items() if k.startswith("alert-heavy: the last"))[1] == "**missed** by 1.25× |"
+    book = next(v for k, v in table.items() if "publish→book" in k)
+    assert book == ["12.5 ms; the broker's floor p99 3.5 ms", "**missed** by 2.50× |"]
+    assert next(v for k, v in table.items() if "publish→alert" in k)[1] == "met (1.25× under) |"
+    light = Results(paced={100: (None, Paced("engine", 5_000, latency={"book": {"p99": 1.0}}))})
+    assert "| not judged: offered 5,000 events/s, the target's load is 100,000 |" in verdict_rows(light)[7]
+    cpu = next(v for k, v in table.items() if "(low-alert msgpack)" in k)
+    assert cpu == ["1.40 µs at 500,000 events/s", "met (5.71× under) |"]  # the bench's own process not counted
+    assert next(v for k, v in table.items() if k.startswith("the engine step"))[1] == "**missed** by 1.10× |"
 
 
 def test_the_writer_replaces_only_the_generated_section(tmp_path) -> None:
@@ -83,3 +123,8 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     assert re.search(r"The engine step alone .*: \d+\.\d\d µs of CPU per event in 1000-event msgpack", report)
     for row in rows[4:6]:  # alert-heavy: both channels got every alert once
         assert "queue-api" in row and "0 repeated" in row, row
+    verdicts = report[report.index("| target (issue 17) |"):].splitlines()
+    heavy = next(line for line in verdicts if line.startswith("| alert-heavy: ≥"))
+    assert "every alert once at both channels" in heavy, heavy  # judged from the channels' own counts
+    paced = [line for line in verdicts if line.startswith("| paced at")]
+    assert len(paced) == 4 and "the broker's floor p99" in paced[0], paced

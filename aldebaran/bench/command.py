@@ -26,6 +26,7 @@ from aldebaran.settings import Settings
 
 if TYPE_CHECKING:  # the bench's modules load when the command runs
     from aldebaran.bench.drain import Drain
+    from aldebaran.bench.targets import Results
     from aldebaran.bench.workload import Workload
     from aldebaran.io.publisher import Body
 
@@ -61,6 +62,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     from aldebaran.bench import table
+    from aldebaran.bench.targets import Results
     from aldebaran.bench.workload import build, prefix
     from aldebaran.trades.generator import expected_alerts
 
@@ -82,6 +84,7 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
     low_events = sum(b.events for b in msgpack_bodies)
     json_bodies, low_expected, json_events = prefix(low, low_events, batch=100)
     drains: list[str] = []
+    results = Results()
     workloads = [("msgpack", "low-alert, 1000-event msgpack", msgpack_bodies, low_events, low_expected, False),
                  ("json", "low-alert, 100-event JSON", json_bodies, json_events, low_expected, False)]
     if "alert-heavy" in chosen:  # built only when drained: its expected set alone takes minutes at 3M events
@@ -94,31 +97,44 @@ async def _bench(args: argparse.Namespace, settings: Settings) -> int:
         if key not in chosen:
             continue
         runs = await _workload(settings, args, systems, label, bodies, events, delivery, workdir)
+        results.drains[key], results.expected[key] = runs, expected
         drains += table.drain_rows(label, runs, {run.name: _expected_for(run.name, expected) for run in runs})
         _print(drains[-len(runs):])
     if args.sustained_events and "engine" in systems and "sustained" in chosen:
         sustained = await _sustained(settings, args, low, workdir)
+        results.drains["sustained"], results.expected["sustained"] = [sustained[0]], sustained[1]
         drains += table.drain_rows("low-alert, 1000-event msgpack, sustained", [sustained[0]],
                                    {sustained[0].name: sustained[1]})
         _print(drains[-1:])
-    paced_rows = await _paced_rows(settings, args, systems, low, workdir) if "paced" in chosen else []
+    paced_rows = await _paced_rows(settings, args, systems, low, workdir, results) if "paced" in chosen else []
     notes += _notes(args)
     if "engine" in systems:
-        notes.append(_pure_note(settings, msgpack_bodies, json_bodies))
+        line, results.step_us = _pure_note(settings, msgpack_bodies, json_bodies)
+        notes.append(line)
+    _report(args, load_before, drains, paced_rows, notes, results)
+    return 0
+
+
+def _report(args: argparse.Namespace, load_before: tuple[float, float, float], drains: list[str],
+            paced_rows: list[str], notes: list[str], results: Results) -> None:
+    """The verdicts against the targets printed; the tables, verdicts and notes written (unless --no-write)."""
+    from aldebaran.bench import table, targets
+
+    verdicts = targets.rows(results)
+    _print(["", targets.HEADER, *verdicts])
     load = "/".join(f"{x:.2f}" for x in load_before) + " before, " + "/".join(f"{x:.2f}" for x in os.getloadavg())
     notes.insert(0, f"Machine: {os.cpu_count()} cores; load average (1/5/15 min) {load} after: the machine is "
                     "shared, so compare rows of one table only.")
     if not args.no_write:
         command = "aldebaran bench " + shlex.join(sys.argv[2:])
         text = table.section(command.strip(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), drains,
-                             paced_rows, notes)
+                             paced_rows, notes, verdicts)
         Path(args.output).mkdir(parents=True, exist_ok=True)
         table.write(Path(args.output) / "benchmarks.md", text)
-    return 0
 
 
 async def _paced_rows(settings: Settings, args: argparse.Namespace, systems: list[str], low: Workload,
-                      workdir: Path) -> list[str]:
+                      workdir: Path, results: Results) -> list[str]:
     """The engine paced at the offered rate, in 1000-event messages and in 100-event ones (a
     1000-event message takes ~10 ms to fill at 100k events/s; a publisher flushing every
     millisecond sends ~100-event ones; latency is measured from the publish), each after the
@@ -139,7 +155,9 @@ async def _paced_rows(settings: Settings, args: argparse.Namespace, systems: lis
             if "engine" in systems:
                 with Place(settings) as place:
                     engines.append(await paced(place, shape, args.paced_rate, args.paced_seconds, args.ttl, workdir))
-        runs = [table.median_paced(kind) for kind in (floors, engines) if kind]
+        floor, engine = (table.median_paced(kind) if kind else None for kind in (floors, engines))
+        results.paced[shape.batch] = (floor, engine)
+        runs = [run for run in (floor, engine) if run is not None]
         rows += [table.paced_row(run) for run in runs]
         _print(rows[-len(runs):] if runs else [])
     return rows
@@ -217,8 +235,10 @@ def _notes(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _pure_note(settings: Settings, msgpack_bodies: list[Body], json_bodies: list[Body]) -> str:
-    """The engine step alone (`aldebaran/bench/pure.py`) on the first million events of each shape."""
+def _pure_note(settings: Settings, msgpack_bodies: list[Body], json_bodies: list[Body]
+               ) -> tuple[str, tuple[float, float]]:
+    """The engine step alone (`aldebaran/bench/pure.py`) on the first million events of each shape:
+    the note, and µs per msgpack and per JSON event."""
     from aldebaran.bench.pure import cycle_us_per_event
 
     def first(bodies: list[Body], events: int = 1_000_000) -> list[Body]:
@@ -237,7 +257,7 @@ def _pure_note(settings: Settings, msgpack_bodies: list[Body], json_bodies: list
             f"best of 3 over up to 1M events): {msgpack:.2f} µs of CPU per event in 1000-event msgpack "
             f"messages, {json:.2f} in 100-event JSON.")
     print(line, flush=True)
-    return line
+    return line, (msgpack, json)
 
 
 def _print(rows: list[str]) -> None:

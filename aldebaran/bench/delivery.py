@@ -142,6 +142,10 @@ class Delivery:
         finally:
             await redis.aclose()
 
+    def once(self, expected: set[str]) -> bool:
+        """Every alert of `expected` landed at both channels, none twice, nothing else."""
+        return all(self.landed[name] == expected and self.copies[name] == len(expected) for name in self.landed)
+
     def summary(self, expected: set[str]) -> str:
         parts = []
         for name, label in (("pull", "queue-api"), ("bus", "amqp")):

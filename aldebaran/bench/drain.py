@@ -47,6 +47,7 @@ class Drain:
     alerts: Counter[str] | None = None  # None: this system computes no alerts
     # Seconds from the last event processed to the last alert out that an event fires (over_purchase).
     last_alert_after: float | None = None
+    delivered_once: bool | None = None  # with channels: every alert landed once at each, nothing else
     note: str = ""
 
     @property
@@ -181,6 +182,7 @@ async def engine_drain(place: Place, bodies: Sequence[Body], events: int, *, ttl
             _stage(result.name, f"waiting up to {ttl + 120:g} s for {len(received):,} alerts at both channels")
             landed = await extra.wait_landed(set(received), timeout=ttl + 120)
             result.note = extra.summary(set(received))
+            result.delivered_once = extra.once(set(received))
             # over_purchase fires on an event: its tail is the column. purchase_without_request
             # fires at book close, a ttl after its order's first event (at most the last event's time).
             fired = extra.last_of_kind.get("over_purchase")
