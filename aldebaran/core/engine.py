@@ -30,7 +30,7 @@ from typing import Any
 from aldebaran.core.book_store import BookStore, RuleFailure
 from aldebaran.core.done_markers import DoneDelta
 from aldebaran.core.partitions import Partitioning
-from aldebaran.core.rule import Alert, Rule, accepts_everything
+from aldebaran.core.rule import Alert, Rule, event_filter
 from aldebaran.core.wal import DoneImage, WalIndex, WalMessage, WalRecord, encode_record
 
 
@@ -103,7 +103,7 @@ class Engine:
             raise ValueError("an engine needs at least one rule")
         self.rules = list(rules)
         # Per rule, its filter; None for a rule that takes every event the codec yields.
-        self._filters = [None if accepts_everything(rule) else rule.accepts for rule in self.rules]
+        self._filters = [event_filter(rule) for rule in self.rules]
         self.books = BookStore({rule.name: rule for rule in rules}, default_ttl, done_retention, done_cap)
         self.codec = self.rules[0].codec  # the trade codec: every rule reads the same ingress
         self.max_bytes = max_message_bytes

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from aldebaran.core.rule import Rule, accepts_everything
+from aldebaran.core.rule import Rule, event_filter
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -66,7 +66,7 @@ class Partitioning:
             raise ValueError(f"partition {index} is not one of 0..{count - 1}")
         self.index, self.count = index, count
         self.apps = [rule.name for rule in rules]
-        self._rules = [(None if accepts_everything(rule) else rule.accepts, partition_key_of(rule)) for rule in rules]
+        self._rules = [(event_filter(rule), partition_key_of(rule)) for rule in rules]
         self._codec = rules[0].codec
 
     def handover(self, events: list[Any]) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -125,3 +125,8 @@ def accepts_everything(rule: Rule[Any]) -> bool:
     decoded = getattr(rule.codec, "event_types", None)
     taken = getattr(rule, "event_types", None)
     return decoded is not None and taken is not None and set(decoded) <= set(taken)
+
+
+def event_filter(rule: Rule[Any]) -> Callable[[Any], bool] | None:
+    """The rule's per-event filter (`accepts`), or None when it takes everything (`accepts_everything`)."""
+    return None if accepts_everything(rule) else rule.accepts
