@@ -10,7 +10,7 @@ from statistics import median
 from aldebaran.bench.drain import Drain
 from aldebaran.bench.paced import Paced
 from aldebaran.bench.targets import HEADER as TARGETS_HEADER
-from aldebaran.bench.targets import machine_us
+from aldebaran.bench.targets import alert_counts, machine_us
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 MACHINE = ("rabbitmq", "redis")
@@ -26,12 +26,11 @@ def median_run(runs: Sequence[Drain]) -> Drain:
 
 
 def alert_cell(run: Drain, expected: set[str]) -> str:
-    if run.alerts is None:
+    counts = alert_counts(run, expected)
+    if counts is None:
         return "– (none computed)"
-    got = set(run.alerts)
-    wrong, missing = len(got - expected), len(expected - got)
-    dup = sum(n - 1 for n in run.alerts.values() if n > 1)
-    return f"{len(got & expected):,} / {wrong} / {missing} / {dup}"
+    ok, wrong, missing, dup = counts
+    return f"{ok:,} / {wrong} / {missing} / {dup}"
 
 
 def cpu_cell(run: Drain) -> str:
