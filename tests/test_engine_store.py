@@ -12,7 +12,7 @@ import pytest
 from aldebaran.core.done_markers import DoneDelta, DoneGroup, DoneMarkers
 from aldebaran.core.engine import Compaction
 from aldebaran.core.wal import DoneImage, encode_done
-from aldebaran.io.engine_store import EngineStore, Fenced
+from aldebaran.io.engine_store import Committed, EngineStore, Fenced
 from aldebaran.io.redis import Keys, connect
 from aldebaran.settings import Settings
 
@@ -41,13 +41,50 @@ async def test_a_commit_sent_twice_logs_once_and_answers_the_same(store: EngineS
     _same_op_twice(store)
     first = await store.commit(b"record-1", ["x1", "x2"], [b"{1}", b"{2}"])
     again = await store.commit(b"record-1", ["x1", "x2"], [b"{1}", b"{2}"])
-    assert first == again == [True, True]  # both alerts still to publish
+    assert first == again == Committed([True, True], "owner-a#7")  # both alerts still to publish
     assert await store.wal_length() == 1
-    assert set((await store.redis.hgetall(store._pending)).keys()) == {
-        store.keys.alert("x1").encode(), store.keys.alert("x2").encode()}
-    # A new operation with an alert already recorded: that one is not new.
-    assert await store.commit(b"record-2", ["x2", "x3"], [b"{2}", b"{3}"]) == [False, True]
+    outbox = await store.outbox()
+    assert (outbox.alerts, outbox.entries) == ({"x1": b"{1}", "x2": b"{2}"}, ["owner-a#7"])
+    # A new operation with an alert already recorded: that one is not new, nor in its entry.
+    assert await store.commit(b"record-2", ["x2", "x3"], [b"{2}", b"{3}"]) == Committed([False, True], "owner-a#100")
     assert await store.wal_length() == 2
+    assert (await store.outbox()).alerts == {"x1": b"{1}", "x2": b"{2}", "x3": b"{3}"}
+    # Nothing new: no entry.
+    assert await store.commit(None, ["x1"], [b"{1}"]) == Committed([False], None)
+    assert len((await store.outbox()).entries) == 2
+
+
+async def test_the_outbox_keeps_a_cycles_alerts_until_their_entry_is_marked_sent(store: EngineStore) -> None:
+    first = await store.commit(b"r1", ["a", "b"], [b"{a}", b"{b}"])
+    second = await store.commit(b"r2", ["c"], [b"{c}"])
+    assert await store.pending_among(["a", "c", "z"]) == {"a", "c"}
+    assert first.entry is not None and second.entry is not None
+    await store.mark_sent([first.entry], [b"{a}", b"{b}"])
+    assert (await store.outbox()).alerts == {"c": b"{c}"}
+    assert await store.pending_among(["a", "b", "c"]) == {"c"}
+    assert await store.redis.lrange(store.keys.recent_alerts(), 0, -1) == [b"{b}", b"{a}"]
+    # Each alert key stays: an alert id fires once, ever.
+    assert await store.commit(b"r3", ["a"], [b"{a}"]) == Committed([False], None)
+
+
+async def test_settling_witnessed_alerts_keeps_the_rest_of_their_entries_pending(store: EngineStore) -> None:
+    """A crash mid-publish can leave part of one cycle's alerts on the bus (a witness per
+    message): only those leave the outbox; the others are still to publish."""
+    await store.commit(b"r1", ["a", "b", "c"], [b"{a}", b"{b}", b"{c}"])
+    await store.commit(b"r2", ["d"], [b"{d}"])
+    assert await store.settle({"b": b"{b}", "d": b"{d}", "elsewhere": b"{e}"}) == 2
+    assert (await store.outbox()).alerts == {"a": b"{a}", "c": b"{c}"}
+    assert await store.settle({"b": b"{b}"}) == 0
+    assert await store.redis.lrange(store.keys.recent_alerts(), 0, -1) == [b"{d}", b"{b}"]
+
+
+async def test_an_outbox_entry_per_alert_of_an_engine_of_before_still_loads(store: EngineStore) -> None:
+    await store.redis.hset(store._pending, store.keys.alert("old"), b"{old}")
+    await store.commit(None, ["new"], [b"{new}"])
+    _, _, outbox = await store.load()
+    assert outbox.alerts == {"old": b"{old}", "new": b"{new}"}
+    await store.mark_sent(outbox.entries, list(outbox.alerts.values()))
+    assert await store.redis.hlen(store._pending) == 0
 
 
 async def test_a_compaction_sent_twice_trims_once(store: EngineStore) -> None:

@@ -112,10 +112,11 @@ class EngineWorker:
                 await self.store.release()
             await redis.aclose()
 
-    async def recover(self) -> tuple[Engine, list[tuple[str, bytes]]]:
-        """A fresh engine with the committed books replayed, and the alerts still pending."""
+    async def recover(self) -> Engine:
+        """A fresh engine with the committed books replayed; the alerts still pending stay in the
+        outbox for the session to settle or publish (`Session._republish`)."""
         started = time.perf_counter()
-        done, records, pending = await self.store.load()
+        done, records, outbox = await self.store.load()
         await self.store.sync_replicas()  # what was loaded is on the replicas before anything is re-published
         engine = self.new_engine()
         now = datetime.now(UTC)
@@ -124,25 +125,24 @@ class EngineWorker:
         replayed: list[Alert] = []
         for record in records:
             replayed += engine.replay(record, now)
-        prefix = self.keys.alert("")
-        outbox = [(key[len(prefix):], body) for key, body in pending.items()]
-        outbox += await self._record_replayed(replayed)
+        unrecorded = await self._record_replayed(replayed)
         log.info("engine owns the books", apps=[rule.name for rule in self.rules], partition=self.partition,
                  partitions=self.config.partitions, books=engine.open_books,
-                 done_markers=engine.done_markers, log_records=len(records), pending_alerts=len(outbox),
+                 done_markers=engine.done_markers, log_records=len(records),
+                 pending_alerts=len(outbox.alerts) + unrecorded,
                  load_ms=round((time.perf_counter() - started) * 1000, 1))
-        return engine, outbox
+        return engine
 
-    async def _record_replayed(self, alerts: list[Alert]) -> list[tuple[str, bytes]]:
+    async def _record_replayed(self, alerts: list[Alert]) -> int:
         """The replayed cycles' alerts that were never recorded (a crash after a cycle's record
-        and before its alerts): recorded now, to publish. The others answer "not new"."""
+        and before its alerts): recorded now, pending in the outbox. The others answer "not new"."""
         ids, bodies = alert_payloads(alerts)
-        new: list[tuple[str, bytes]] = []
+        new = 0
         for start in range(0, len(ids), RECORD_CHUNK):
-            flags = await self.store.commit(None, ids[start:start + RECORD_CHUNK], bodies[start:start + RECORD_CHUNK])
-            new += [(ids[start + i], bodies[start + i]) for i, is_new in enumerate(flags) if is_new]
+            chunk = slice(start, start + RECORD_CHUNK)
+            new += sum((await self.store.commit(None, ids[chunk], bodies[chunk])).fresh)
         if new:
-            log.warning("alerts of logged cycles were not recorded before the crash: recorded now", count=len(new))
+            log.warning("alerts of logged cycles were not recorded before the crash: recorded now", count=new)
         return new
 
     def count(self, cycle: Cycle) -> None:

@@ -31,6 +31,7 @@ class CycleOutput:
     alert_ids: list[str] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+    entry: str | None = None  # the outbox entry of its new alerts, dropped once they are confirmed
 
     @classmethod
     def of(cls, cycle: Cycle, batch: Sequence[Delivery]) -> CycleOutput:

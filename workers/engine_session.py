@@ -22,6 +22,7 @@ from aldebaran.core.wal import WalMessage
 from aldebaran.io.alert_bus import publish_alerts
 from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_queue
 from aldebaran.io.dead_letter import dead_letter
+from aldebaran.io.engine_store import Committed
 from aldebaran.io.handover import hand_over
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
@@ -64,7 +65,7 @@ class Session:
     async def run(self) -> None:
         if not await self._own():
             return
-        engine, outbox = await self.worker.recover()
+        engine = await self.worker.recover()
         self.worker.engine = engine
         start_ms = engine.resume_at_ms or int(time.time() * 1000)
         self.clock = PipelineClock(start_ms, time.monotonic())
@@ -74,7 +75,7 @@ class Session:
         # Its own channel: reading witnesses (one round trip each) never holds up a publish.
         self.witness = await (await self.connection.channel()).get_underlay_channel()
         await declare_witness(self.witness, self.worker.settings)
-        await self._republish(outbox)
+        await self._republish()
         inbound = await self.connection.channel()
         await inbound.set_qos(prefetch_count=self.config.prefetch)
         self.inbound = await inbound.get_underlay_channel()
@@ -162,7 +163,7 @@ class Session:
             raise ConnectionError(f"engine output failed: {self.failed!r}")
 
     async def _step(self, engine: Engine, messages: list[WalMessage], stamp: int,
-                    now: datetime) -> tuple[Cycle, asyncio.Task[list[bool]] | None]:
+                    now: datetime) -> tuple[Cycle, asyncio.Task[Committed] | None]:
         """The cycle; a small one's record is sent to Redis before its books are applied, and
         Redis appends it meanwhile (the task to wait for). A big one is decoded and applied
         message by message, its record and alerts committed in one call after: decoding 64
@@ -174,7 +175,7 @@ class Session:
         logged = await self._log(cycle.record)
         return engine.finish(cycle, now), logged
 
-    async def _log(self, record: bytes) -> asyncio.Task[list[bool]]:
+    async def _log(self, record: bytes) -> asyncio.Task[Committed]:
         """Send the cycle's record now, without waiting for the reply."""
         task = asyncio.ensure_future(self.store.commit(record, [], []))
         # A few loop turns: the task takes a pooled connection (redis-py yields once there) and
@@ -185,7 +186,7 @@ class Session:
         return task
 
     async def _commit(self, cycle: Cycle, batch: list[Delivery], now: datetime,
-                      logged: asyncio.Task[list[bool]] | None) -> None:
+                      logged: asyncio.Task[Committed] | None) -> None:
         """Log the cycle (or wait for its record, sent early) and record its alerts; confirm and
         ack in the background. A crash between an early record and its alerts leaves a logged
         cycle whose alerts were never recorded: recovery replays it and records them then
@@ -194,12 +195,13 @@ class Session:
         ids, bodies = alert_payloads(cycle.alerts)
         if logged is not None:
             await logged
-            fresh = await self.store.commit(None, ids, bodies) if ids else []
+            committed = await self.store.commit(None, ids, bodies) if ids else Committed([])
         else:
-            fresh = await self.store.commit(cycle.record, ids, bodies) if (cycle.record or ids) else []
+            committed = await self.store.commit(cycle.record, ids, bodies) if (cycle.record or ids) else Committed([])
             if not cycle.record and not ids:
                 await self.store.renew()
-        new = [i for i, is_new in enumerate(fresh) if is_new]
+        new = [i for i, is_new in enumerate(committed.fresh) if is_new]
+        output.entry = committed.entry
         if len(new) < len(ids):
             ALERTS_DEDUPLICATED.inc(len(ids) - len(new))
         output.alert_ids = [ids[i] for i in new]
@@ -243,7 +245,7 @@ class Session:
             if output.last_tag:
                 await self.inbound.basic_ack(output.last_tag, multiple=True)
             if output.alert_ids:
-                await self.store.mark_sent(output.alert_ids, output.bodies)
+                await self.store.mark_sent([output.entry] if output.entry else [], output.bodies)
                 for kind in set(output.kinds):
                     ALERTS_FIRED.labels(kind=kind).inc(output.kinds.count(kind))
                 self._alert_latency(output)
@@ -272,24 +274,24 @@ class Session:
             for _ in output.alert_ids:
                 self.worker.samples.add(1, latency)
 
-    async def _republish(self, outbox: list[tuple[str, bytes]]) -> None:
+    async def _republish(self) -> None:
         """Alerts recorded but never marked sent (a crash in between): those a witness shows on
         the bus are marked sent; the others never went out and are published now."""
         witnesses = await read_witnesses(self.witness, self.witness_queue, limit=None)
         if witnesses:
             seen = {alert_id: raw for witness in witnesses for alert_id, raw in witness.alerts.items()}
-            settled = await self.store.settle(list(seen), list(seen.values()))
+            settled = await self.store.settle(seen)  # in Redis before the witnesses go
             await self.witness.basic_ack(witnesses[-1].tag, multiple=True)
             if settled:
                 log.warning("alerts left pending by a crash were on the bus (witnessed): not published again",
                             count=settled)
-            outbox = [(alert_id, body) for alert_id, body in outbox if alert_id not in seen]
-        if not outbox:
+        outbox = await self.store.outbox()
+        if not outbox.entries:
             return
-        ids = [alert_id for alert_id, _ in outbox]
-        bodies = [body for _, body in outbox]
-        await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)
-        await self.store.mark_sent(ids, bodies)
+        ids, bodies = list(outbox.alerts), list(outbox.alerts.values())
+        if ids:
+            await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)
+        await self.store.mark_sent(outbox.entries, bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 
     async def _trim_witnesses(self) -> None:

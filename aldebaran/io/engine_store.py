@@ -5,10 +5,11 @@ lease (`engine:owner` = its token), so an engine that lost its lease (a long pau
 partition) can never write over the one that took over: it fails its commit and
 restarts as a standby. A cycle's commit is one call: renew the lease, append the
 cycle's log record, and record each alert it fired (`SET alert:<id> NX`: an alert id
-fires once, ever) in the pending outbox. After the broker confirms the alert batch,
-`mark_sent` moves them out of the outbox. Whatever is still pending after a crash is
-settled by the next owner before it consumes anything: marked sent when a witness shows it
-on the bus (`settle`), published otherwise (docs/engine.md).
+fires once, ever), the new ones together as one entry of the pending outbox. After the
+broker confirms the alert batch, `mark_sent` drops that entry: one key operation per alert
+and two per cycle, where an entry per alert cost four per alert. Whatever is still pending
+after a crash is settled by the next owner before it consumes anything: marked sent when a
+witness shows it on the bus (`settle`), published otherwise (docs/engine.md).
 
 The commit and the compaction carry an operation id and remember the last one applied
 (`engine:last-op`): redis-py re-sends a command whose reply was lost (a connection
@@ -20,8 +21,10 @@ round trip, so a commit the engine acts on is on a replica (docs/engine.md, Sent
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -35,6 +38,26 @@ RECENT_ALERTS = 100
 
 class Fenced(Exception):
     """This engine no longer holds the lease: another owner may be writing."""
+
+
+@dataclass(slots=True)
+class Committed:
+    """A commit's answer: per alert whether it is new, and the outbox entry holding the new ones."""
+
+    fresh: list[bool]
+    entry: str | None = None
+
+
+@dataclass(slots=True)
+class Outbox:
+    """The alerts recorded and not yet marked sent (id -> body, in commit order), and the entries holding them."""
+
+    alerts: dict[str, bytes] = field(default_factory=dict)
+    entries: list[str] = field(default_factory=list)
+
+    def extend(self, other: Outbox) -> None:
+        self.alerts.update(other.alerts)
+        self.entries += other.entries
 
 
 class EngineStore:
@@ -55,8 +78,6 @@ class EngineStore:
         self._last_op = key("last-op")
         self._ops = 0
         self._commit = redis.register_script(_COMMIT)
-        self._mark = redis.register_script(_MARK_SENT)
-        self._settle = redis.register_script(_SETTLE)
         self._compact = redis.register_script(_COMPACT)
         self._renew = redis.register_script(_RENEW)
 
@@ -79,7 +100,7 @@ class EngineStore:
         """Give the lease up at a graceful stop, so a standby need not wait for it to expire."""
         await self._renew(keys=[self._owner], args=[self.token, 0])
 
-    async def load(self) -> tuple[DoneImage | None, list[WalRecord], dict[str, bytes]]:
+    async def load(self) -> tuple[DoneImage | None, list[WalRecord], Outbox]:
         """The done-marker image, every log record in order, and the unconfirmed alerts."""
         done = await self._load_done()
         records: list[WalRecord] = []
@@ -90,9 +111,20 @@ class EngineStore:
             if len(page) < LOAD_PAGE:
                 break
             start += LOAD_PAGE
-        pending = await self.redis.hgetall(self._pending)
-        outbox = {(k.decode() if isinstance(k, bytes) else k): as_bytes(v) for k, v in pending.items()}
-        return done, records, outbox
+        return done, records, await self.outbox()
+
+    async def outbox(self) -> Outbox:
+        """Every alert still pending, by entry (a few: the cycles whose confirm is awaited)."""
+        outbox = Outbox()
+        prefix = self.keys.alert("")
+        for name, value in (await self.redis.hgetall(self._pending)).items():
+            entry = name.decode() if isinstance(name, bytes) else name
+            outbox.entries.append(entry)
+            if entry.startswith(prefix):  # an engine of before: one entry per alert, its body the value
+                outbox.alerts[entry[len(prefix):]] = as_bytes(value)
+            else:
+                outbox.alerts.update(_entry_alerts(as_bytes(value)))
+        return outbox
 
     async def _load_done(self) -> DoneImage | None:
         """The done markers as stored group by group; an engine of before stored one blob."""
@@ -107,44 +139,59 @@ class EngineStore:
         self._ops += 1
         return f"{self.token}#{self._ops}"
 
-    async def commit(self, record: bytes | None, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> list[bool]:
+    async def commit(self, record: bytes | None, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> Committed:
         """Log one cycle and record its alerts; per alert, whether it is new (to publish).
 
         Raises `NotReplicated` when replicas are required and too few acknowledged.
         """
+        op = self._op()
         keys = [self._owner, self._wal, self._pending, self._last_op, *(self.keys.alert(a) for a in alert_ids)]
-        args = [self.token, self.lease_ms, record or b"", self.retention, self._op(), *bodies]
+        entry = _ENTRY.encode(list(zip(alert_ids, bodies, strict=True))) if alert_ids else b""
+        args = [self.token, self.lease_ms, record or b"", self.retention, op, entry]
         try:
             flags = await run_script(self.redis, self._commit, keys, args, self.replicas)
         except ResponseError as exc:
             raise _fenced(exc) from None
         flags = flags.encode() if isinstance(flags, str) else flags
-        return [flag == ord("1") for flag in flags]
+        fresh = [flag == ord("1") for flag in flags]
+        return Committed(fresh, op if any(fresh) else None)
 
-    async def mark_sent(self, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> None:
-        """The broker confirmed these alerts: out of the outbox, into the recent list."""
-        if not alert_ids:
+    async def mark_sent(self, entries: Sequence[str], bodies: Sequence[bytes]) -> None:
+        """The broker confirmed the alerts of these outbox entries: out of the outbox, into the recent list."""
+        if not entries:
             return
-        keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in alert_ids)]
-        await self._mark(keys=keys, args=[self.retention, RECENT_ALERTS, *bodies[-RECENT_ALERTS:]])
+        recent = self.keys.recent_alerts()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._pending, *entries)
+            if bodies:
+                pipe.lpush(recent, *bodies[-RECENT_ALERTS:])
+                pipe.ltrim(recent, 0, RECENT_ALERTS - 1)
+            await pipe.execute()
 
-    async def settle(self, alert_ids: Sequence[str], bodies: Sequence[bytes]) -> int:
-        """A witness shows these alerts on the bus: those still pending are marked sent
-        (and listed as recent); returns how many were pending."""
-        settled = 0
-        for start in range(0, len(alert_ids), 1000):
-            chunk = alert_ids[start:start + 1000]
-            keys = [self._pending, self.keys.recent_alerts(), *(self.keys.alert(a) for a in chunk)]
-            settled += await self._settle(keys=keys, args=[self.retention, RECENT_ALERTS,
-                                                           *bodies[start:start + 1000]])
-        return settled
+    async def settle(self, witnessed: Mapping[str, bytes]) -> int:
+        """A witness shows these alerts on the bus: those still pending leave the outbox (and are
+        listed as recent); returns how many were pending. The owner's own recovery step."""
+        outbox = await self.outbox()
+        settled = [alert_id for alert_id in outbox.alerts if alert_id in witnessed]
+        if not settled:
+            return 0
+        left = [(alert_id, body) for alert_id, body in outbox.alerts.items() if alert_id not in witnessed]
+        recent = self.keys.recent_alerts()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._pending)
+            if left:  # one entry for what is left, under a fresh operation id
+                pipe.hset(self._pending, self._op(), b"1" * len(left) + b":" + _ENTRY.encode(left))
+            pipe.lpush(recent, *(witnessed[alert_id] for alert_id in settled[-RECENT_ALERTS:]))
+            pipe.ltrim(recent, 0, RECENT_ALERTS - 1)
+            await pipe.execute()
+        return len(settled)
 
     async def pending_among(self, alert_ids: Sequence[str]) -> set[str]:
         """Which of these alerts are still pending in the outbox."""
         if not alert_ids:
             return set()
-        found = await self.redis.hmget(self._pending, [self.keys.alert(a) for a in alert_ids])
-        return {alert_id for alert_id, body in zip(alert_ids, found, strict=True) if body is not None}
+        pending = (await self.outbox()).alerts
+        return {alert_id for alert_id in alert_ids if alert_id in pending}
 
     async def compact(self, compaction: Compaction) -> None:
         """Store the done markers that changed and drop the log records they cover, atomically."""
@@ -164,6 +211,16 @@ class EngineStore:
         return int(await self.redis.llen(self._wal))
 
 
+_ENTRY = msgspec.msgpack.Encoder()
+_decode_entry = msgspec.msgpack.Decoder(list[tuple[str, bytes]]).decode
+
+
+def _entry_alerts(value: bytes) -> list[tuple[str, bytes]]:
+    """The new alerts of one outbox entry: `<flag per alert>:<msgpack [[id, body], ...]>`."""
+    flags, _, packed = value.partition(b":")
+    return [alert for alert, flag in zip(_decode_entry(packed), flags, strict=True) if flag == ord("1")]
+
+
 def _fenced(exc: ResponseError) -> Exception:
     return Fenced(str(exc)) if "FENCED" in str(exc) else exc
 
@@ -176,8 +233,9 @@ return 1
 """
 
 # KEYS: owner, wal, pending, last-op, alert keys... ARGV: token, lease ms, record ("" = none), retention,
-# op id, bodies... Returns one character per alert, "1" = new. The same op id again returns
-# the first answer and writes nothing (a retry after a lost reply).
+# op id, the alerts packed (the outbox entry). Returns one character per alert, "1" = new; the new
+# ones are pending as one entry, named by the op id. The same op id again returns the first answer
+# and writes nothing (a retry after a lost reply).
 _COMMIT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -186,42 +244,19 @@ local last = redis.call('GET', KEYS[4])
 if last and string.sub(last, 1, #tag) == tag then return string.sub(last, #tag + 1) end
 if ARGV[3] ~= '' then redis.call('RPUSH', KEYS[2], ARGV[3]) end
 local out = {}
+local new = false
 for i = 5, #KEYS do
-  if redis.call('SET', KEYS[i], 'pending', 'NX', 'EX', ARGV[4]) then
-    redis.call('HSET', KEYS[3], KEYS[i], ARGV[i + 1])
+  if redis.call('SET', KEYS[i], ARGV[5], 'NX', 'EX', ARGV[4]) then
     out[#out + 1] = '1'
+    new = true
   else
     out[#out + 1] = '0'
   end
 end
 local flags = table.concat(out)
+if new then redis.call('HSET', KEYS[3], ARGV[5], flags .. ':' .. ARGV[6]) end
 redis.call('SET', KEYS[4], tag .. flags)
 return flags
-"""
-
-# KEYS: pending, recent list, alert keys... ARGV: retention, recent length, bodies (the newest ones)...
-_MARK_SENT = """
-for i = 3, #KEYS do
-  redis.call('HDEL', KEYS[1], KEYS[i])
-  redis.call('SET', KEYS[i], 'sent', 'EX', ARGV[1])
-end
-for i = 3, #ARGV do redis.call('LPUSH', KEYS[2], ARGV[i]) end
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
-return #KEYS - 2
-"""
-
-# KEYS: pending, recent list, alert keys... ARGV: retention, recent length, bodies (one per alert key)...
-_SETTLE = """
-local settled = 0
-for i = 3, #KEYS do
-  if redis.call('HDEL', KEYS[1], KEYS[i]) == 1 then
-    redis.call('SET', KEYS[i], 'sent', 'EX', ARGV[1])
-    redis.call('LPUSH', KEYS[2], ARGV[i])
-    settled = settled + 1
-  end
-end
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
-return settled
 """
 
 # KEYS: owner, done groups (hash: seq -> group), wal, last-op, done clock, the one-blob image of before.
