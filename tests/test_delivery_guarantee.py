@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from aldebaran.channels.ledger import status_of
+from aldebaran.channels.ledger import statuses
 from aldebaran.io.redis import Keys
 from aldebaran.ops.delivery import in_doubt, settle
 from aldebaran.ops.stats import channel_rows
@@ -87,7 +87,7 @@ def ledger_statuses(settings: Settings, alert_ids: list[str]) -> list[str | None
     client = redis.Redis.from_url(settings.redis_url)
     try:
         keys = Keys(settings.redis_key_prefix)
-        return [status_of(value) for value in client.mget([keys.delivered("hook", a) for a in alert_ids])]
+        return statuses(client, keys, [keys.delivered("hook", a) for a in alert_ids])
     finally:
         client.close()
 

@@ -33,7 +33,7 @@ import aio_pika.abc
 import redis.asyncio as aioredis
 
 from aldebaran.channels.base import MAX_REASON_CHARS, NotDelivered, PerAlertLock, RetryPolicy, Sink, park
-from aldebaran.channels.ledger import Claim, DeliveryLedger
+from aldebaran.channels.ledger import Claim, Claimed, DeliveryLedger
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import ConfigError
 from aldebaran.io.amqp import connect as connect_amqp
@@ -231,8 +231,9 @@ class ChannelWorker:
                 await self._slots.acquire()
         try:
             ids = [(item.alert.alert_id, target) for item in chunk]
-            claims = ([Claim.NEW] * len(chunk) if self._records_delivery  # a repeat is a no-op there
-                      else await self._ledger.claim(ids, record_attempt=self.at_most_once))
+            claimed = (Claimed([Claim.NEW] * len(chunk)) if self._records_delivery  # a repeat is a no-op there
+                       else await self._ledger.claim(ids, record_attempt=self.at_most_once))
+            claims = claimed.claims
             sending = [item for item, claim in zip(chunk, claims, strict=True) if claim is Claim.NEW]
             for item in sending:
                 item.attempts[target] = item.attempts.get(target, 0) + 1
@@ -257,7 +258,7 @@ class ChannelWorker:
                 else:
                     item.retry.append(target)
             if not self._records_delivery:
-                await self._ledger.settle(delivered, released if self.at_most_once else (), doubt)
+                await self._ledger.settle(delivered, released if self.at_most_once else (), doubt, claimed.attempt)
             if delivered:
                 ALERTS_DELIVERED.labels(channel=self.config.name).inc(len(delivered))
             self._in_doubt(doubt)

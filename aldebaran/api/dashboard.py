@@ -27,7 +27,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from aldebaran.api import app as api_app
 from aldebaran.api.app import authorizer, bearer
 from aldebaran.api.pullqueue import PullQueue
-from aldebaran.channels.ledger import IN_DOUBT, status_of
+from aldebaran.channels.ledger import IN_DOUBT, statuses
 from aldebaran.channels.registry import build_sink
 from aldebaran.errors import AldebaranError
 from aldebaran.io.redis import Keys, sync_client
@@ -271,6 +271,6 @@ def _statuses(settings: Settings, names: list[str]) -> list[str | None]:
         return []
     client = sync_client(settings.redis_url, timeout=5, tls_ca_file=settings.tls_ca_file)
     try:
-        return [status_of(value) for value in client.mget(names)]
+        return statuses(client, Keys(settings.redis_key_prefix), names)
     finally:
         client.close()

@@ -2,17 +2,21 @@
 
 The ledger is what makes a channel's guarantee hold across crashes (CONTRACT §5):
 
-- **at-most-once**: an attempt is recorded (`sending:<worker token>`) before the send and
-  settled after it. A worker that finds an unsettled attempt left by another process
+- **at-most-once**: an attempt is recorded (`sending:<worker token>/<attempt>`, one attempt
+  id per chunk of sends) before the send and settled after it: the alerts delivered are
+  settled together, by marking their attempt delivered (`Keys.delivered_attempt`), so a
+  delivered alert costs one key operation, not three; one that failed is released or put
+  in doubt on its own. A worker that finds an unsettled attempt left by another process
   cannot know whether the recipient got the alert, so it records the alert *in doubt*
   (listed for the operator with its body) and never sends it on its own.
 - **at-least-once** and **exactly-once**: no record before the send; after a crash the
   alert is sent again (the recipient deduplicates by `Idempotency-Key`/`message_id`, the
   pull queue by its keyed enqueue).
 
-Every ledger key holds one of `sending:<token>`, `delivered` (`1` in older ledgers) or
-`in-doubt`; the in-doubt entries are also indexed per channel (`Keys.in_doubt`) so
-`aldebaran stats`, the dashboard and `aldebaran delivery` can list and settle them.
+Every ledger key holds one of `sending:<token>/<attempt>` (delivered once its attempt is
+marked so), `delivered` (`1` in older ledgers) or `in-doubt`; the in-doubt entries are also
+indexed per channel (`Keys.in_doubt`) so `aldebaran stats`, the dashboard and `aldebaran
+delivery` can list and settle them.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 
-from aldebaran.io.redis import Keys, Replicas, check_replicated, run_script, wait_replicas
+from aldebaran.io.redis import Keys, Replicas, as_bytes, check_replicated, run_script, wait_replicas
 
 SENDING, DELIVERED, IN_DOUBT = "sending:", "delivered", "in-doubt"
 
@@ -40,14 +45,28 @@ class Claim(enum.Enum):
     INTERRUPTED = "interrupted"  # an attempt another process never settled: to be listed in doubt
 
 
-def status_of(value: bytes | str | None) -> str | None:
-    """A ledger value as a status: `delivered`, `sending`, `in-doubt`, or None (nothing yet)."""
+def status_of(value: bytes | str | None, attempt_delivered: bool = False) -> str | None:
+    """A ledger value as a status: `delivered`, `sending`, `in-doubt`, or None (nothing yet);
+    `attempt_delivered`: whether a `sending:` value's attempt is marked delivered."""
     if value is None:
         return None
     text = value.decode() if isinstance(value, bytes) else value
     if text.startswith(SENDING):
-        return "sending"
+        return "delivered" if attempt_delivered else "sending"
     return IN_DOUBT if text == IN_DOUBT else "delivered"
+
+
+def statuses(client: redis.Redis, keys: Keys, names: Sequence[str]) -> list[str | None]:
+    """The status behind each ledger key, read in two calls (the keys, then the attempts of
+    those still marked `sending:`)."""
+    if not names:
+        return []
+    values = [as_bytes(value) if value is not None else None for value in client.mget(names)]
+    attempts = {value[len(SENDING):].decode() for value in values if value and value.startswith(SENDING.encode())}
+    order = sorted(attempts)
+    found = client.mget([keys.delivered_attempt(attempt) for attempt in order]) if order else []
+    delivered = {attempt for attempt, mark in zip(order, found, strict=True) if mark is not None}
+    return [status_of(value, value is not None and value[len(SENDING):].decode() in delivered) for value in values]
 
 
 def ledger_key(keys: Keys, channel: str, alert_id: str, target: str = "") -> str:
@@ -88,6 +107,14 @@ def in_doubt_entry(alert_id: str, target: str, reason: str, body: bytes) -> str:
                        "reason": reason, "body": body.decode("utf-8", "replace")})
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What `DeliveryLedger.claim` found, and the attempt it recorded (None: nothing recorded)."""
+
+    claims: list[Claim]
+    attempt: str | None = None
+
+
 class DeliveryLedger:
     """One channel's ledger, as one worker process (`token`) sees it."""
 
@@ -99,6 +126,7 @@ class DeliveryLedger:
         # Keys whose attempt record is ours but certainly not followed by a send: the claim's reply
         # or the release was lost (Redis cut). Found again, they are claimed, not put in doubt.
         self._unsent: set[str] = set()
+        self._attempts = 0
         self._index = keys.in_doubt(channel)
         self._claim = redis.register_script(_CLAIM)
         self._release = redis.register_script(_RELEASE)
@@ -107,18 +135,21 @@ class DeliveryLedger:
     def key(self, alert_id: str, target: str = "") -> str:
         return ledger_key(self._keys, self._channel, alert_id, target)
 
-    async def claim(self, items: Sequence[tuple[str, str]], *, record_attempt: bool) -> list[Claim]:
+    async def claim(self, items: Sequence[tuple[str, str]], *, record_attempt: bool) -> Claimed:
         """Look (alert_id, target) pairs up in one call; with `record_attempt`, record an attempt for
-        every new one (so claim only as many as are about to be sent)."""
+        every new one (so claim only as many as are about to be sent), under one attempt id."""
         if not items:
-            return []
+            return Claimed([])
         keys = [self.key(alert_id, target) for alert_id, target in items]
+        self._attempts += 1
+        attempt = f"{self._token}/{self._attempts}" if record_attempt else None
         try:
             # With replicas required, a found record is written again so the WAIT covers it too (it
             # may be one whose replication failed just before its message came back).
             found = await run_script(self._redis, self._claim, keys,
-                                     ["1" if record_attempt else "0", SENDING + self._token, self._ttl,
-                                      "1" if self._replicas.count else "0"], self._replicas)
+                                     ["1" if record_attempt else "0", SENDING + (attempt or ""), self._ttl,
+                                      "1" if self._replicas.count else "0", f"{SENDING}{self._token}/",
+                                      self._keys.delivered_attempt("")], self._replicas)
         except Exception:
             self._unsent.update(keys)  # whatever the script did, nothing was sent
             raise
@@ -130,51 +161,68 @@ class DeliveryLedger:
             if state == "new":
                 self._unsent.discard(key)
             claims.append(Claim(state))
-        return claims
+        return Claimed(claims, attempt)
 
     async def settle(self, delivered: Sequence[tuple[str, str]] = (), released: Sequence[tuple[str, str]] = (),
-                     in_doubt: Sequence[tuple[str, str, str, bytes]] = ()) -> None:
+                     in_doubt: Sequence[tuple[str, str, str, bytes]] = (), attempt: str | None = None) -> None:
         """Record the outcomes of a round of sends in one round trip: `delivered`; `released` (the
-        attempt certainly failed: its record is dropped); `in_doubt` (alert_id, target, why, body)."""
+        attempt certainly failed: its record is dropped); `in_doubt` (alert_id, target, why, body).
+        With the claim's `attempt`, the delivered ones are settled by marking it delivered."""
         if not (delivered or released or in_doubt):
             return
         try:
-            await self._settle(delivered, released, in_doubt)
+            await self._settle(delivered, released, in_doubt, attempt)
         except Exception:
             self._unsent.update(self.key(alert_id, target) for alert_id, target in released)
             raise
 
     async def _settle(self, delivered: Sequence[tuple[str, str]], released: Sequence[tuple[str, str]],
-                      in_doubt: Sequence[tuple[str, str, str, bytes]]) -> None:
+                      in_doubt: Sequence[tuple[str, str, str, bytes]], attempt: str | None) -> None:
+        # In order, the attempt marked delivered last: no one sees it before its failures are undone.
         async with self._redis.pipeline(transaction=False) as pipe:
-            if delivered:
-                await self._mark(keys=[self.key(alert_id, target) for alert_id, target in delivered],
-                                 args=[DELIVERED, self._ttl], client=pipe)
             for alert_id, target in released:
-                await self._release(keys=[self.key(alert_id, target)], args=[SENDING + self._token], client=pipe)
+                await self._release(keys=[self.key(alert_id, target)], args=[SENDING + (attempt or self._token)],
+                                    client=pipe)
             for alert_id, target, reason, body in in_doubt:
                 pipe.set(self.key(alert_id, target), IN_DOUBT, ex=self._ttl)
                 pipe.hset(self._index, entry_field(alert_id, target), in_doubt_entry(alert_id, target, reason, body))
+            if delivered and attempt is not None:
+                pipe.set(self._keys.delivered_attempt(attempt), DELIVERED, ex=self._ttl)
+            elif delivered:
+                await self._mark(keys=[self.key(alert_id, target) for alert_id, target in delivered],
+                                 args=[DELIVERED, self._ttl], client=pipe)
             wait_replicas(pipe, self._replicas)
             replies = await pipe.execute()
         if self._replicas.count:
             check_replicated(replies[-1], self._replicas)
 
 
-# KEYS: ledger keys. ARGV: record the attempts ("1"/"0"), the sending mark, ttl, rewrite what
-# is found ("1"/"0"). Per key a `Claim` value, or `mine` for our own attempt record: an
-# attempt left by someone else is `interrupted` when attempts are recorded (at most once),
-# and simply `new` when they are not (at least once sends again).
+# KEYS: ledger keys. ARGV: record the attempts ("1"/"0"), the sending mark (`sending:<attempt>`), ttl,
+# rewrite what is found ("1"/"0"), our own marks' prefix (`sending:<token>/`), the prefix of the
+# delivered-attempt keys. Per key a `Claim` value, or `mine` for our own attempt record: an
+# attempt left by someone else is `interrupted` when attempts are recorded (at most once), and
+# simply `new` when they are not (at least once sends again). An attempt marked delivered is
+# `delivered`.
 _CLAIM = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local state = redis.call('GET', key)
-  if state == false or (string.sub(state, 1, 8) == 'sending:' and ARGV[1] == '0') then
-    if ARGV[1] == '1' then redis.call('SET', key, ARGV[2], 'EX', ARGV[3]) end
+  local state
+  if ARGV[1] == '1' then
+    state = redis.call('SET', key, ARGV[2], 'NX', 'GET', 'EX', ARGV[3])
+  else
+    state = redis.call('GET', key)
+  end
+  if state and string.sub(state, 1, 8) == 'sending:' and redis.call('EXISTS', ARGV[6] .. string.sub(state, 9)) == 1 then
+    state = 'delivered'
+  end
+  if state == false then
+    out[i] = 'new'
+  elseif string.sub(state, 1, 8) == 'sending:' and ARGV[1] == '0' then
     out[i] = 'new'
   else
     if ARGV[4] == '1' then redis.call('SET', key, state, 'KEEPTTL') end
-    if state == ARGV[2] then
+    if string.sub(state, 1, #ARGV[5]) == ARGV[5] then
+      if ARGV[1] == '1' then redis.call('SET', key, ARGV[2], 'KEEPTTL') end  -- ours: now under this attempt
       out[i] = 'mine'
     elseif string.sub(state, 1, 8) == 'sending:' then
       out[i] = 'interrupted'

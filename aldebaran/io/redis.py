@@ -261,6 +261,10 @@ class Keys:
         """One channel's record that an alert reached its recipient."""
         return f"{self.prefix}:delivered:{channel}:{alert_id}"
 
+    def delivered_attempt(self, attempt: str) -> str:
+        """An at-most-once deliverer's attempt (`<worker token>/<n>`) whose sends all arrived."""
+        return f"{self.prefix}:delivered-attempt:{attempt}"
+
     def in_doubt(self, channel: str) -> str:
         """One at-most-once channel's alerts in doubt after an interrupted attempt (a hash)."""
         return f"{self.prefix}:in-doubt:{channel}"
