@@ -8,14 +8,14 @@ local out = {}
 for i = 3, #KEYS do
   local n = (i - 3) * 3 + 2
   local key, body, dedup = ARGV[n], ARGV[n + 1], ARGV[n + 2] == '1'
-  local existing = dedup and redis.call('GET', KEYS[i])
+  -- One command checks and takes the dedup id (GET then SET cost one more per message).
+  local existing = dedup and redis.call('SET', KEYS[i], key, 'NX', 'GET', 'EX', ARGV[1])
   if existing then
     out[#out + 1] = 0
     out[#out + 1] = existing
   else
     redis.call('HSET', KEYS[2], key, body)
     redis.call('RPUSH', KEYS[1], key)
-    if dedup then redis.call('SET', KEYS[i], key, 'EX', ARGV[1]) end
     out[#out + 1] = 1
     out[#out + 1] = key
   end
