@@ -24,7 +24,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from aldebaran.io.redis import Keys, Replicas, run_script
+from aldebaran.io.redis import Keys, Replicas, as_bytes, run_script
 
 
 def _script(redis: aioredis.Redis, name: str) -> AsyncScript:
@@ -101,12 +101,15 @@ class PullQueue:
         args: list[str | bytes] = [str(self._dedup_ttl)]
         stamp = self._clock()
         entropy = os.urandom(16 * len(messages))  # one read for the round's message keys
+        fresh: list[str] = []
         for n, (message, dedup_id) in enumerate(messages):
             keys.append(self._dedup_key(dedup_id) if dedup_id is not None else self._ready)
-            args += [str(uuid.UUID(bytes=entropy[16 * n:16 * n + 16], version=4)),
-                     _encode_body(_Body(stamp, message)), "1" if dedup_id is not None else "0"]
-        replies = await run_script(self._redis, self._send_many, keys, args, self._replicas)
-        return [(_text(replies[i + 1]), bool(replies[i])) for i in range(0, len(replies), 2)]
+            fresh.append(str(uuid.UUID(bytes=entropy[16 * n:16 * n + 16], version=4)))
+            args += [fresh[-1], _encode_body(_Body(stamp, message)), "1" if dedup_id is not None else "0"]
+        flags, *repeats = await run_script(self._redis, self._send_many, keys, args, self._replicas)
+        first_keys = iter(repeats)
+        return [(key, True) if flag == ord("1") else (_text(next(first_keys)), False)
+                for key, flag in zip(fresh, as_bytes(flags), strict=True)]
 
     async def receive(self, count: int = 1) -> list[Received]:
         """Check out up to `count` messages for one visibility window (oldest first)."""
