@@ -195,11 +195,13 @@ class Session:
         ids, bodies = alert_payloads(cycle.alerts)
         if logged is not None:
             await logged
+            self._book_latency(batch)  # applied and logged: recording the alerts is the alert path's
             committed = await self.store.commit(None, ids, bodies) if ids else Committed([])
         else:
             committed = await self.store.commit(cycle.record, ids, bodies) if (cycle.record or ids) else Committed([])
             if not cycle.record and not ids:
                 await self.store.renew()
+            self._book_latency(batch)
         new = [i for i, is_new in enumerate(committed.fresh) if is_new]
         output.entry = committed.entry
         if len(new) < len(ids):
@@ -209,14 +211,6 @@ class Session:
         output.kinds = [cycle.alerts[i].kind for i in new]
         if batch:
             BATCH_EVENTS.labels(stage="ingress").observe(cycle.events)
-            histogram = PROCESSING_LATENCY.labels(stage="book")
-            wall_ms = time.time() * 1000
-            for delivery in batch:
-                if delivery.published_ms:
-                    latency = max(0.0, wall_ms - delivery.published_ms)
-                    histogram.observe(latency / 1000)
-                    if self.worker.samples.enabled:
-                        self.worker.samples.add(0, latency)
         if not batch:
             if not output.alert_ids:
                 return
@@ -225,6 +219,19 @@ class Session:
         task = asyncio.ensure_future(self._confirm_and_ack(output, previous, self.previous))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _book_latency(self, batch: list[Delivery]) -> None:
+        """Publish -> book of each message: its events are applied and its cycle is logged."""
+        if not batch:
+            return
+        histogram = PROCESSING_LATENCY.labels(stage="book")
+        wall_ms = time.time() * 1000
+        for delivery in batch:
+            if delivery.published_ms:
+                latency = max(0.0, wall_ms - delivery.published_ms)
+                histogram.observe(latency / 1000)
+                if self.worker.samples.enabled:
+                    self.worker.samples.add(0, latency)
 
     async def _confirm_and_ack(self, output: CycleOutput, previous: asyncio.Future[None] | None,
                                mine: asyncio.Future[None]) -> None:
