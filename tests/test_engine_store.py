@@ -43,8 +43,7 @@ async def test_a_commit_sent_twice_logs_once_and_answers_the_same(store: EngineS
     again = await store.commit(b"record-1", ["x1", "x2"], [b"{1}", b"{2}"])
     assert first == again == Committed([True, True], "owner-a#7")  # both alerts still to publish
     assert await store.wal_length() == 1
-    outbox = await store.outbox()
-    assert (outbox.alerts, outbox.entries) == ({"x1": b"{1}", "x2": b"{2}"}, ["owner-a#7"])
+    assert (await store.outbox()).entries == {"owner-a#7": [("x1", b"{1}"), ("x2", b"{2}")]}
     # A new operation with an alert already recorded: that one is not new, nor in its entry.
     assert await store.commit(b"record-2", ["x2", "x3"], [b"{2}", b"{3}"]) == Committed([False, True], "owner-a#100")
     assert await store.wal_length() == 2
@@ -72,18 +71,35 @@ async def test_settling_witnessed_alerts_keeps_the_rest_of_their_entries_pending
     message): only those leave the outbox; the others are still to publish."""
     await store.commit(b"r1", ["a", "b", "c"], [b"{a}", b"{b}", b"{c}"])
     await store.commit(b"r2", ["d"], [b"{d}"])
-    assert await store.settle({"b": b"{b}", "d": b"{d}", "elsewhere": b"{e}"}) == 2
+    loaded = await store.outbox()
+    assert await store.settle(loaded, {"b": b"{b}", "d": b"{d}", "elsewhere": b"{e}"}) == 2
     assert (await store.outbox()).alerts == {"a": b"{a}", "c": b"{c}"}
-    assert await store.settle({"b": b"{b}"}) == 0
+    assert await store.settle(await store.outbox(), {"b": b"{b}"}) == 0
     assert await store.redis.lrange(store.keys.recent_alerts(), 0, -1) == [b"{d}", b"{b}"]
+
+
+async def test_an_owner_that_lost_the_lease_settles_nothing(store: EngineStore) -> None:
+    """Recovery settles what it loaded; an engine that lost the lease meanwhile (a long replay)
+    must not touch the outbox, where the new owner's entries now are."""
+    await store.commit(b"r1", ["a"], [b"{a}"])
+    loaded = await store.outbox()
+    await store.redis.set(store._owner, "owner-b")
+    newcomer = EngineStore(store.redis, store.keys, "owner-b", 5000, 3600)
+    await newcomer.commit(b"r2", ["b"], [b"{b}"])
+    with pytest.raises(Fenced):
+        await store.settle(loaded, {"a": b"{a}"})
+    assert (await store.outbox()).alerts == {"a": b"{a}", "b": b"{b}"}
 
 
 async def test_an_outbox_entry_per_alert_of_an_engine_of_before_still_loads(store: EngineStore) -> None:
     await store.redis.hset(store._pending, store.keys.alert("old"), b"{old}")
+    await store.redis.hset(store._pending, store.keys.alert("gone"), b"{gone}")
     await store.commit(None, ["new"], [b"{new}"])
     _, _, outbox = await store.load()
-    assert outbox.alerts == {"old": b"{old}", "new": b"{new}"}
-    await store.mark_sent(outbox.entries, list(outbox.alerts.values()))
+    assert outbox.alerts == {"old": b"{old}", "gone": b"{gone}", "new": b"{new}"}
+    assert await store.settle(outbox, {"gone": b"{gone}"}) == 1
+    left = outbox.without({"gone": b"{gone}"})
+    await store.mark_sent(list(left.entries), list(left.alerts.values()))
     assert await store.redis.hlen(store._pending) == 0
 
 

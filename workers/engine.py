@@ -37,7 +37,7 @@ from aldebaran.core.partitions import Partitioning
 from aldebaran.core.rule import Alert, Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
-from aldebaran.io.engine_store import EngineStore, Fenced
+from aldebaran.io.engine_store import EngineStore, Fenced, Outbox
 from aldebaran.io.latency_samples import LatencySamples
 from aldebaran.io.redis import Keys
 from aldebaran.log import Throttle, get_logger
@@ -112,9 +112,9 @@ class EngineWorker:
                 await self.store.release()
             await redis.aclose()
 
-    async def recover(self) -> Engine:
-        """A fresh engine with the committed books replayed; the alerts still pending stay in the
-        outbox for the session to settle or publish (`Session._republish`)."""
+    async def recover(self) -> tuple[Engine, Outbox]:
+        """A fresh engine with the committed books replayed, and the alerts still pending (as
+        loaded, with those the replay recorded): the session settles or publishes exactly these."""
         started = time.perf_counter()
         done, records, outbox = await self.store.load()
         await self.store.sync_replicas()  # what was loaded is on the replicas before anything is re-published
@@ -125,25 +125,27 @@ class EngineWorker:
         replayed: list[Alert] = []
         for record in records:
             replayed += engine.replay(record, now)
-        unrecorded = await self._record_replayed(replayed)
+        outbox.entries.update(await self._record_replayed(replayed))
         log.info("engine owns the books", apps=[rule.name for rule in self.rules], partition=self.partition,
                  partitions=self.config.partitions, books=engine.open_books,
-                 done_markers=engine.done_markers, log_records=len(records),
-                 pending_alerts=len(outbox.alerts) + unrecorded,
+                 done_markers=engine.done_markers, log_records=len(records), pending_alerts=len(outbox.alerts),
                  load_ms=round((time.perf_counter() - started) * 1000, 1))
-        return engine
+        return engine, outbox
 
-    async def _record_replayed(self, alerts: list[Alert]) -> int:
+    async def _record_replayed(self, alerts: list[Alert]) -> dict[str, list[tuple[str, bytes]]]:
         """The replayed cycles' alerts that were never recorded (a crash after a cycle's record
-        and before its alerts): recorded now, pending in the outbox. The others answer "not new"."""
+        and before its alerts): recorded now, by outbox entry. The others answer "not new"."""
         ids, bodies = alert_payloads(alerts)
-        new = 0
+        entries: dict[str, list[tuple[str, bytes]]] = {}
         for start in range(0, len(ids), RECORD_CHUNK):
-            chunk = slice(start, start + RECORD_CHUNK)
-            new += sum((await self.store.commit(None, ids[chunk], bodies[chunk])).fresh)
-        if new:
-            log.warning("alerts of logged cycles were not recorded before the crash: recorded now", count=new)
-        return new
+            chunk = list(zip(ids[start:start + RECORD_CHUNK], bodies[start:start + RECORD_CHUNK], strict=True))
+            committed = await self.store.commit(None, [a for a, _ in chunk], [b for _, b in chunk])
+            if committed.entry is not None:
+                entries[committed.entry] = [alert for alert, new in zip(chunk, committed.fresh, strict=True) if new]
+        if entries:
+            log.warning("alerts of logged cycles were not recorded before the crash: recorded now",
+                        count=sum(len(alerts) for alerts in entries.values()))
+        return entries
 
     def count(self, cycle: Cycle) -> None:
         """Metrics once per cycle, never per event."""

@@ -22,7 +22,7 @@ from aldebaran.core.wal import WalMessage
 from aldebaran.io.alert_bus import publish_alerts
 from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_queue
 from aldebaran.io.dead_letter import dead_letter
-from aldebaran.io.engine_store import Committed
+from aldebaran.io.engine_store import Committed, Outbox
 from aldebaran.io.handover import hand_over
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
@@ -65,7 +65,7 @@ class Session:
     async def run(self) -> None:
         if not await self._own():
             return
-        engine = await self.worker.recover()
+        engine, outbox = await self.worker.recover()
         self.worker.engine = engine
         start_ms = engine.resume_at_ms or int(time.time() * 1000)
         self.clock = PipelineClock(start_ms, time.monotonic())
@@ -75,7 +75,7 @@ class Session:
         # Its own channel: reading witnesses (one round trip each) never holds up a publish.
         self.witness = await (await self.connection.channel()).get_underlay_channel()
         await declare_witness(self.witness, self.worker.settings)
-        await self._republish()
+        await self._republish(outbox)
         inbound = await self.connection.channel()
         await inbound.set_qos(prefetch_count=self.config.prefetch)
         self.inbound = await inbound.get_underlay_channel()
@@ -281,24 +281,26 @@ class Session:
             for _ in output.alert_ids:
                 self.worker.samples.add(1, latency)
 
-    async def _republish(self) -> None:
-        """Alerts recorded but never marked sent (a crash in between): those a witness shows on
-        the bus are marked sent; the others never went out and are published now."""
+    async def _republish(self, outbox: Outbox) -> None:
+        """Alerts recorded but never marked sent (a crash in between), as recovery loaded them:
+        those a witness shows on the bus are marked sent; the others never went out and are
+        published now. Only these entries are touched: a new owner's are never ours to drop."""
         witnesses = await read_witnesses(self.witness, self.witness_queue, limit=None)
         if witnesses:
             seen = {alert_id: raw for witness in witnesses for alert_id, raw in witness.alerts.items()}
-            settled = await self.store.settle(seen)  # in Redis before the witnesses go
+            settled = await self.store.settle(outbox, seen)  # in Redis (fenced) before the witnesses go
             await self.witness.basic_ack(witnesses[-1].tag, multiple=True)
             if settled:
                 log.warning("alerts left pending by a crash were on the bus (witnessed): not published again",
                             count=settled)
-        outbox = await self.store.outbox()
+            outbox = outbox.without(seen)
         if not outbox.entries:
             return
-        ids, bodies = list(outbox.alerts), list(outbox.alerts.values())
+        pending = outbox.alerts
+        ids, bodies = list(pending), list(pending.values())
         if ids:
             await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)
-        await self.store.mark_sent(outbox.entries, bodies)
+        await self.store.mark_sent(list(outbox.entries), bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 
     async def _trim_witnesses(self) -> None:

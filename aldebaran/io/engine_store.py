@@ -50,14 +50,20 @@ class Committed:
 
 @dataclass(slots=True)
 class Outbox:
-    """The alerts recorded and not yet marked sent (id -> body, in commit order), and the entries holding them."""
+    """The alerts recorded and not yet marked sent, by the outbox entry holding them."""
 
-    alerts: dict[str, bytes] = field(default_factory=dict)
-    entries: list[str] = field(default_factory=list)
+    entries: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # entry -> [(alert id, body)]
 
-    def extend(self, other: Outbox) -> None:
-        self.alerts.update(other.alerts)
-        self.entries += other.entries
+    @property
+    def alerts(self) -> dict[str, bytes]:
+        """Every pending alert: id -> body."""
+        return {alert_id: body for alerts in self.entries.values() for alert_id, body in alerts}
+
+    def without(self, settled: Mapping[str, bytes]) -> Outbox:
+        """The entries without the alerts in `settled`, as `EngineStore.settle` leaves them (an
+        entry left empty is gone)."""
+        left = {entry: [a for a in alerts if a[0] not in settled] for entry, alerts in self.entries.items()}
+        return Outbox({entry: alerts for entry, alerts in left.items() if alerts})
 
 
 class EngineStore:
@@ -78,6 +84,7 @@ class EngineStore:
         self._last_op = key("last-op")
         self._ops = 0
         self._commit = redis.register_script(_COMMIT)
+        self._settle = redis.register_script(_SETTLE)
         self._compact = redis.register_script(_COMPACT)
         self._renew = redis.register_script(_RENEW)
 
@@ -119,11 +126,10 @@ class EngineStore:
         prefix = self.keys.alert("")
         for name, value in (await self.redis.hgetall(self._pending)).items():
             entry = name.decode() if isinstance(name, bytes) else name
-            outbox.entries.append(entry)
             if entry.startswith(prefix):  # an engine of before: one entry per alert, its body the value
-                outbox.alerts[entry[len(prefix):]] = as_bytes(value)
+                outbox.entries[entry] = [(entry[len(prefix):], as_bytes(value))]
             else:
-                outbox.alerts.update(_entry_alerts(as_bytes(value)))
+                outbox.entries[entry] = _entry_alerts(as_bytes(value))
         return outbox
 
     async def _load_done(self) -> DoneImage | None:
@@ -168,22 +174,25 @@ class EngineStore:
                 pipe.ltrim(recent, 0, RECENT_ALERTS - 1)
             await pipe.execute()
 
-    async def settle(self, witnessed: Mapping[str, bytes]) -> int:
-        """A witness shows these alerts on the bus: those still pending leave the outbox (and are
-        listed as recent); returns how many were pending. The owner's own recovery step."""
-        outbox = await self.outbox()
-        settled = [alert_id for alert_id in outbox.alerts if alert_id in witnessed]
+    async def settle(self, outbox: Outbox, witnessed: Mapping[str, bytes]) -> int:
+        """A witness shows these alerts on the bus: those of `outbox` (as loaded) leave their entries,
+        which keep the rest, and are listed as recent; returns how many. Fenced: an engine that
+        lost the lease meanwhile changes nothing (`Fenced`), so it never drops a new owner's entries."""
+        args: list[str | bytes | int] = []
+        settled: list[str] = []
+        for entry, alerts in outbox.entries.items():
+            left = [alert for alert in alerts if alert[0] not in witnessed]
+            if len(left) < len(alerts):
+                settled += [alert_id for alert_id, _ in alerts if alert_id in witnessed]
+                args += [entry, b"1" * len(left) + b":" + _ENTRY.encode(left) if left else b""]
         if not settled:
             return 0
-        left = [(alert_id, body) for alert_id, body in outbox.alerts.items() if alert_id not in witnessed]
-        recent = self.keys.recent_alerts()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._pending)
-            if left:  # one entry for what is left, under a fresh operation id
-                pipe.hset(self._pending, self._op(), b"1" * len(left) + b":" + _ENTRY.encode(left))
-            pipe.lpush(recent, *(witnessed[alert_id] for alert_id in settled[-RECENT_ALERTS:]))
-            pipe.ltrim(recent, 0, RECENT_ALERTS - 1)
-            await pipe.execute()
+        bodies = [witnessed[alert_id] for alert_id in settled[-RECENT_ALERTS:]]
+        try:
+            await self._settle(keys=[self._owner, self._pending, self.keys.recent_alerts()],
+                               args=[self.token, RECENT_ALERTS, len(args) // 2, *args, *bodies])
+        except ResponseError as exc:
+            raise _fenced(exc) from None
         return len(settled)
 
     async def pending_among(self, alert_ids: Sequence[str]) -> set[str]:
@@ -257,6 +266,23 @@ local flags = table.concat(out)
 if new then redis.call('HSET', KEYS[3], ARGV[5], flags .. ':' .. ARGV[6]) end
 redis.call('SET', KEYS[4], tag .. flags)
 return flags
+"""
+
+# KEYS: owner, pending, recent list. ARGV: token, recent length, n, then n (entry, what is left of it:
+# "" = drop it), then the settled alerts' bodies for the recent list.
+_SETTLE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
+local n = tonumber(ARGV[3])
+for i = 4, 3 + 2 * n, 2 do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[2], ARGV[i])
+  else
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
+end
+for i = 4 + 2 * n, #ARGV do redis.call('LPUSH', KEYS[3], ARGV[i]) end
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[2]) - 1)
+return n
 """
 
 # KEYS: owner, done groups (hash: seq -> group), wal, last-op, done clock, the one-blob image of before.
