@@ -138,10 +138,11 @@ class EngineWorker:
         ids, bodies = alert_payloads(alerts)
         entries: dict[str, list[tuple[str, bytes]]] = {}
         for start in range(0, len(ids), RECORD_CHUNK):
-            chunk = list(zip(ids[start:start + RECORD_CHUNK], bodies[start:start + RECORD_CHUNK], strict=True))
-            committed = await self.store.commit(None, [a for a, _ in chunk], [b for _, b in chunk])
+            part = slice(start, start + RECORD_CHUNK)
+            committed = await self.store.commit(None, ids[part], bodies[part])
             if committed.entry is not None:
-                entries[committed.entry] = [alert for alert, new in zip(chunk, committed.fresh, strict=True) if new]
+                pairs = zip(ids[part], bodies[part], strict=True)
+                entries[committed.entry] = [pair for pair, new in zip(pairs, committed.fresh, strict=True) if new]
         if entries:
             log.warning("alerts of logged cycles were not recorded before the crash: recorded now",
                         count=sum(len(alerts) for alerts in entries.values()))

@@ -298,8 +298,7 @@ class Session:
             return
         pending = outbox.alerts
         ids, bodies = list(pending), list(pending.values())
-        if ids:
-            await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)
+        await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)  # an entry is never empty
         await self.store.mark_sent(list(outbox.entries), bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 

@@ -62,11 +62,12 @@ def statuses(client: redis.Redis, keys: Keys, names: Sequence[str]) -> list[str 
     if not names:
         return []
     values = [as_bytes(value) if value is not None else None for value in client.mget(names)]
-    attempts = {value[len(SENDING):].decode() for value in values if value and value.startswith(SENDING.encode())}
-    order = sorted(attempts)
+    sending = SENDING.encode()
+    attempts = [value[len(sending):].decode() if value and value.startswith(sending) else None for value in values]
+    order = sorted({attempt for attempt in attempts if attempt is not None})
     found = client.mget([keys.delivered_attempt(attempt) for attempt in order]) if order else []
     delivered = {attempt for attempt, mark in zip(order, found, strict=True) if mark is not None}
-    return [status_of(value, value is not None and value[len(SENDING):].decode() in delivered) for value in values]
+    return [status_of(value, attempt in delivered) for value, attempt in zip(values, attempts, strict=True)]
 
 
 def ledger_key(keys: Keys, channel: str, alert_id: str, target: str = "") -> str:

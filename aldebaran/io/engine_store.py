@@ -158,8 +158,7 @@ class EngineStore:
             flags = await run_script(self.redis, self._commit, keys, args, self.replicas)
         except ResponseError as exc:
             raise _fenced(exc) from None
-        flags = flags.encode() if isinstance(flags, str) else flags
-        fresh = [flag == ord("1") for flag in flags]
+        fresh = [flag == ord("1") for flag in as_bytes(flags)]
         return Committed(fresh, op if any(fresh) else None)
 
     async def mark_sent(self, entries: Sequence[str], bodies: Sequence[bytes]) -> None:
@@ -178,13 +177,14 @@ class EngineStore:
         """A witness shows these alerts on the bus: those of `outbox` (as loaded) leave their entries,
         which keep the rest, and are listed as recent; returns how many. Fenced: an engine that
         lost the lease meanwhile changes nothing (`Fenced`), so it never drops a new owner's entries."""
+        left = outbox.without(witnessed).entries
         args: list[str | bytes | int] = []
         settled: list[str] = []
         for entry, alerts in outbox.entries.items():
-            left = [alert for alert in alerts if alert[0] not in witnessed]
-            if len(left) < len(alerts):
+            remaining = left.get(entry, [])
+            if len(remaining) < len(alerts):
                 settled += [alert_id for alert_id, _ in alerts if alert_id in witnessed]
-                args += [entry, b"1" * len(left) + b":" + _ENTRY.encode(left) if left else b""]
+                args += [entry, _entry_value(remaining) if remaining else b""]
         if not settled:
             return 0
         bodies = [witnessed[alert_id] for alert_id in settled[-RECENT_ALERTS:]]
@@ -222,6 +222,11 @@ class EngineStore:
 
 _ENTRY = msgspec.msgpack.Encoder()
 _decode_entry = msgspec.msgpack.Decoder(list[tuple[str, bytes]]).decode
+
+
+def _entry_value(alerts: list[tuple[str, bytes]]) -> bytes:
+    """An outbox entry of alerts all new, as `_COMMIT` writes one (read by `_entry_alerts`)."""
+    return b"1" * len(alerts) + b":" + _ENTRY.encode(alerts)
 
 
 def _entry_alerts(value: bytes) -> list[tuple[str, bytes]]:
