@@ -47,6 +47,7 @@ class Shape:
     channels: tuple[str, ...] = ("ops",)
     vhost: str = "/"
     seed: int = 7
+    alert_share: float | None = None  # orders that may alert (None: the alert-heavy default, ~70 %)
 
 
 def _b64(data: bytes) -> str:
@@ -133,10 +134,14 @@ def _orders(rnd: random.Random, events: int, start_ms: int, shape: Shape) -> Ite
         n_order += 1
         oid = f"o{n_order}"
         limit, n = rnd.randint(50, 500), rnd.randint(1, 5)
-        order = {"id": oid, "limit": limit, "request": rnd.random() > 0.05, "left": 0, "sum": 0,
-                 "seen": False, "fired": False, "first": None}
+        share = shape.alert_share
+        order = {"id": oid, "limit": limit, "request": rnd.random() > (0.05 if share is None else share / 4),
+                 "left": 0, "sum": 0, "seen": False, "fired": False, "first": None}
+        most = limit // 2 + 60
+        if share is not None and rnd.random() >= share:
+            most = max(1, limit // n)  # its purchases stay within the request
         evs = [{"id": oid, "#shares": limit, "client": "c", "stock": "AAPL"}] if order["request"] else []
-        evs += [{"id": f"{oid}-p{i}", "initial_order_id": oid, "#shares": rnd.randint(1, limit // 2 + 60),
+        evs += [{"id": f"{oid}-p{i}", "initial_order_id": oid, "#shares": rnd.randint(1, most),
                  "client": "c", "stock": "AAPL"} for i in range(n)]
         rnd.shuffle(evs)
         order["left"] = len(evs)
@@ -266,10 +271,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=300.0, help="trade events per second of trace time")
     parser.add_argument("--vhost", default="/", help="the deployment the records belong to")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--alert-share", type=float, default=None,
+                        help="share of orders that may alert (default: alert-heavy, about 1 alert per 7 events)")
     args = parser.parse_args()
     start = int(datetime.fromisoformat(args.start).timestamp() * 1000)
     alert_batch = args.alert_batch or (100 if args.batch > 1 else 1)
-    shape = Shape(batch=args.batch, alert_batch=alert_batch, rate_per_s=args.rate, vhost=args.vhost, seed=args.seed)
+    shape = Shape(batch=args.batch, alert_batch=alert_batch, rate_per_s=args.rate, vhost=args.vhost, seed=args.seed,
+                  alert_share=args.alert_share)
     print(json.dumps(generate(args.out, args.events, start, shape=shape)))
 
 
