@@ -145,28 +145,32 @@ def test_a_message_that_fails_while_later_ones_go_out_fails_the_publish(settings
 class _ReplacedLink:
     """A link another sender has just replaced: healthy, one generation on."""
 
-    def __init__(self) -> None:
+    def __init__(self, failure: BaseException, replaced: bool = True) -> None:
         self.generation = 0
         self.broken = False
         self.exchange = self
         self.calls = 0
+        self.failure, self.replaced = failure, replaced
 
     async def replace(self, generation: int) -> None:
         assert generation != self.generation, "the link was replaced already: nothing to do"
 
     async def publish(self, message, routing_key: str, timeout: float) -> None:
         self.calls += 1
-        if self.calls == 1:  # the channel closed under the publish; aio-pika cancels its confirm
-            self.generation += 1
-            raise asyncio.CancelledError
+        if self.calls == 1:  # the channel closed under the publish
+            self.generation += self.replaced
+            raise self.failure
 
 
-def test_a_confirm_cancelled_with_a_connection_another_sender_replaced_is_sent_again(settings) -> None:
+# aio-pika cancels the confirm of a publish whose channel closed; aiormq fails it with a bare
+# `Exception` when the channel closed without a reason (a node stopped under a quorum cluster).
+@pytest.mark.parametrize("failure", [asyncio.CancelledError(), Exception()], ids=["cancelled", "bare-exception"])
+def test_a_confirm_lost_with_a_connection_another_sender_replaced_is_sent_again(settings, failure) -> None:
     """The connection that carried the publish is gone, though the link already holds its
-    replacement: a lost confirm, sent again, not a cancellation that drops the message."""
+    replacement: a lost confirm, sent again, not a failure that stops the publisher."""
     from aldebaran.io.publisher import PublishReport, _Sender
 
-    link, report = _ReplacedLink(), PublishReport()
+    link, report = _ReplacedLink(failure), PublishReport()
 
     async def send() -> None:
         slots = asyncio.Semaphore(1)
@@ -176,3 +180,20 @@ def test_a_confirm_cancelled_with_a_connection_another_sender_replaced_is_sent_a
 
     asyncio.run(send())
     assert (link.calls, report.resends, report.events) == (2, 1, 1)
+
+
+def test_a_bare_exception_on_a_healthy_connection_is_a_fault_not_a_loss(settings) -> None:
+    """Only a connection that went makes a failed publish a lost one: otherwise it is shown."""
+    from aldebaran.io.publisher import PublishReport, _Sender
+
+    link, report = _ReplacedLink(Exception("the broker library failed"), replaced=False), PublishReport()
+
+    async def send() -> None:
+        slots = asyncio.Semaphore(1)
+        await slots.acquire()
+        sender = _Sender(settings, link, report, max_retries=3, slots=slots, progress=None)  # type: ignore[arg-type]
+        await sender.send(Body(b"[]", 1))
+
+    with pytest.raises(Exception, match="the broker library failed"):
+        asyncio.run(send())
+    assert (link.calls, report.resends, report.events) == (1, 0, 0)

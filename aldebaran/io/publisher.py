@@ -187,13 +187,17 @@ class _Sender:
                 await self.link.replace(generation)
                 return False
             await self._back_off(exc, attempt, generation)
-        except (*LOST, asyncio.CancelledError) as exc:
+        except (*LOST, asyncio.CancelledError, Exception) as exc:
             task = asyncio.current_task()
             # Lost with its connection: that one is broken, or another sender has replaced it
             # already (then the link looks healthy, and only the generation tells).
             lost = self.link.broken or generation != self.link.generation
             if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling() or not lost):
                 raise  # a real cancellation, not a confirm dropped with its connection
+            # aiormq fails what a channel closed without a reason still awaits with a bare
+            # `Exception`: a loss when the connection went, anything else is a fault to show.
+            if not isinstance(exc, LOST) and not lost:
+                raise
             self.report.resends += 1
             log.warning("connection lost before the confirm; re-sending on another node",
                         error=str(exc) or type(exc).__name__)
