@@ -187,7 +187,7 @@ class _Sender:
                 await self.link.replace(generation)
                 return False
             await self._back_off(exc, attempt, generation)
-        except (*LOST, asyncio.CancelledError, Exception) as exc:
+        except (asyncio.CancelledError, Exception) as exc:  # a loss (LOST) or not: told apart below
             task = asyncio.current_task()
             # Lost with its connection: that one is broken, or another sender has replaced it
             # already (then the link looks healthy, and only the generation tells).
