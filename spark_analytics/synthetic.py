@@ -6,7 +6,8 @@ whose alerts are exactly right (so the audit must come back clean). Two shapes:
 - single-event messages (the default): JSON objects, the text form, one-element JSON
   batches and msgpack, each alert its own message;
 - `--batch 1000`: trade data in JSON arrays of 1000 events and alerts in batches of up to
-  `--alert-batch` (CONTRACT §3), as the fast engine publishes them.
+  `--alert-batch` (CONTRACT §3), as the fast engine publishes them; each channel gets each
+  batch as one message, as the Fire Lookout hands it on (`workers/lookout.py`).
 
 Records carry the firehose headers and the vhost as `aldebaran/io/trace_files.py` writes them, in
 hourly part files of gzip members of 2000 records. It streams: memory stays flat at 10M+.
@@ -180,7 +181,7 @@ class _Alerts:
     def __init__(self, out: _Writer, rnd: random.Random, shape: Shape) -> None:
         self.out, self.rnd, self.shape = out, rnd, shape
         self.heap: list[tuple[int, str, str]] = []
-        self.count = self.batches = 0
+        self.count = self.batches = self.fanouts = 0
 
     def add(self, at: int, kind: str, oid: str) -> None:
         heapq.heappush(self.heap, (at, kind, oid))
@@ -209,10 +210,21 @@ class _Alerts:
             self.batches += 1
             self.out.record("publish", at, "Aldebaran.Alert", json.dumps(bodies).encode(), "application/json",
                             f"batch:synthetic-{self.batches}")
-        for body in bodies:
-            for ch in self.shape.channels:
-                self.out.record("deliver", at + self.rnd.randint(1, 30), f"Aldebaran.Channel.{ch}",
-                                json.dumps(body).encode(), "application/json", body["alert_id"])
+        for ch in self.shape.channels:
+            # One delay drawn per alert either way: the events and alerts stay the seed's.
+            delays = [self.rnd.randint(1, 30) for _ in bodies]
+            if self.shape.alert_batch == 1:  # each alert its own message
+                for body, delay in zip(bodies, delays, strict=True):
+                    self._deliver(at + delay, ch, body, body["alert_id"])
+            else:  # the lookout hands each channel the batch it took as one message, a lone alert as itself
+                self.fanouts += 1
+                lone = len(bodies) == 1
+                self._deliver(at + max(delays), ch, bodies[0] if lone else bodies,
+                              bodies[0]["alert_id"] if lone else f"batch:lookout-{self.fanouts}")
+
+    def _deliver(self, at: int, channel: str, body: Any, message_id: str) -> None:
+        self.out.record("deliver", at, f"Aldebaran.Channel.{channel}", json.dumps(body).encode(),
+                        "application/json", message_id)
 
 
 def _publish_trades(out: _Writer, alerts: _Alerts, rnd: random.Random, group: list[Timed],
