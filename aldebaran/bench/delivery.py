@@ -26,6 +26,7 @@ from aldebaran.io.redis import client as redis_client
 
 DOWNSTREAM = "downstream"
 PULL_QUEUE = "alerts"
+READER_STOP_SECONDS = 5.0
 CONFIG = f"""
 [[channels]]
 name = "pull"
@@ -155,8 +156,16 @@ class Delivery:
         return "; ".join(parts)
 
     async def stop(self) -> None:
-        for reader in self.readers:
-            reader.cancel()
-        await asyncio.gather(*self.readers, return_exceptions=True)
-        recipient = [self.recipient] if self.recipient is not None else []
-        await asyncio.gather(*(stop_process(process) for process in [*self.processes, *recipient]))
+        """Stop the readers, then the processes. A reader that does not end within
+        `READER_STOP_SECONDS` of its cancel (a client's close waiting on a socket) is left behind:
+        it must not keep the lookout and channels running, nor hang the bench."""
+        try:
+            for reader in self.readers:
+                reader.cancel()
+            if self.readers:
+                _, stuck = await asyncio.wait(self.readers, timeout=READER_STOP_SECONDS)
+                if stuck:
+                    print(f"    {len(stuck)} sink reader(s) did not stop; left behind", file=sys.stderr, flush=True)
+        finally:
+            recipient = [self.recipient] if self.recipient is not None else []
+            await asyncio.gather(*(stop_process(process) for process in [*self.processes, *recipient]))
