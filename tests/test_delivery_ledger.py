@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from aldebaran.channels import ledger as ledger_module
 from aldebaran.channels.ledger import Claim, DeliveryLedger, statuses
 from aldebaran.io.redis import Keys, connect
 from aldebaran.settings import Settings
@@ -57,16 +58,77 @@ async def test_an_attempt_never_settled_is_interrupted_for_everyone_else(ledgers
     assert _statuses(settings, ["x"]) == ["in-doubt"]
 
 
-async def test_our_own_record_of_a_send_that_never_left_moves_to_the_next_attempt(ledgers, settings: Settings) -> None:
-    """A lost reply leaves our record without a send (`_unsent`): the next claim sends it, and its
+def _reply_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next claim runs in Redis, then its reply is lost (a connection cut after the command left)."""
+    real = ledger_module.run_script
+
+    async def run_then_lose(*args, **kwargs):
+        monkeypatch.setattr(ledger_module, "run_script", real)
+        await real(*args, **kwargs)
+        raise redis.ConnectionError("the claim's reply was lost")
+
+    monkeypatch.setattr(ledger_module, "run_script", run_then_lose)
+
+
+async def _settle_cut(ledger: DeliveryLedger, **outcomes) -> None:
+    """A settle that never reaches Redis (the link is down)."""
+    real = ledger._settle
+
+    async def cut(*args, **kwargs) -> None:
+        raise redis.ConnectionError("Redis is unreachable")
+
+    ledger._settle = cut
+    try:
+        with pytest.raises(redis.ConnectionError):
+            await ledger.settle(**outcomes)
+    finally:
+        ledger._settle = real
+
+
+async def test_our_own_record_of_a_send_that_never_left_moves_to_the_next_attempt(
+        ledgers, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lost claim reply leaves our record without a send: the next claim sends it, and its
     record must name the new attempt, or marking that attempt delivered would not cover it."""
     a, _ = ledgers
-    first = await a.claim([("x", "")], record_attempt=True)
-    a._unsent.add(a.key("x"))
+    _reply_lost(monkeypatch)
+    with pytest.raises(redis.ConnectionError):
+        await a.claim([("x", "")], record_attempt=True)
+    assert _statuses(settings, ["x"]) == ["sending"]
     second = await a.claim([("x", "")], record_attempt=True)
-    assert second.claims == [Claim.NEW] and second.attempt != first.attempt
+    assert second.claims == [Claim.NEW]
     await a.settle(delivered=[("x", "")], attempt=second.attempt)
     assert _statuses(settings, ["x"]) == ["delivered"]
-    # Not ours and not unsent: interrupted, as from any other process.
+
+
+async def test_a_release_whose_reply_was_lost_sends_again(ledgers, settings: Settings) -> None:
+    """A send that certainly failed, its release cut: the record is ours and nothing left."""
+    a, _ = ledgers
+    first = await a.claim([("x", "")], record_attempt=True)
+    await _settle_cut(a, released=[("x", "")], attempt=first.attempt)
+    assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.NEW]
+
+
+async def test_a_send_whose_settle_was_cut_is_never_sent_again(ledgers, settings: Settings,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most once: a send left, its settle was cut, and the next claim's reply was lost after
+    Redis moved the record to that claim's attempt. Every later claim is in doubt, never new."""
+    a, b = ledgers
+    first = await a.claim([("x", "")], record_attempt=True)
+    assert first.claims == [Claim.NEW]  # ... the alert is sent
+    await _settle_cut(a, delivered=[("x", "")], attempt=first.attempt)
+    _reply_lost(monkeypatch)
+    with pytest.raises(redis.ConnectionError):
+        await a.claim([("x", "")], record_attempt=True)
+    assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]
+    assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]
+    assert (await b.claim([("x", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]
+
+
+async def test_a_settled_claim_is_forgotten_and_another_process_record_stays_interrupted(ledgers) -> None:
+    a, _ = ledgers
+    claimed = await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    await a.settle(delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=claimed.attempt)
+    assert not a._maybe_sent  # what is settled in Redis needs no memory here
+    # Claimed and never settled: our own record of a send that may have left is in doubt.
     assert (await a.claim([("w", "")], record_attempt=True)).claims == [Claim.NEW]
     assert (await a.claim([("w", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]

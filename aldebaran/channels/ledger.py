@@ -124,9 +124,10 @@ class DeliveryLedger:
         self._redis, self._keys, self._channel, self._ttl, self._token = redis, keys, channel, ttl_seconds, token
         # Every claim and settle is on this many replicas before anything is sent or acked.
         self._replicas = replicas
-        # Keys whose attempt record is ours but certainly not followed by a send: the claim's reply
-        # or the release was lost (Redis cut). Found again, they are claimed, not put in doubt.
-        self._unsent: set[str] = set()
+        # Keys this process claimed to send (at most once) and whose outcome is not settled in Redis:
+        # a send may have left. Our own record found again (`mine`) is in doubt when its key is here,
+        # and claimed again when it is not (a claim's or a release's reply was lost: nothing left).
+        self._maybe_sent: set[str] = set()
         self._attempts = 0
         self._index = keys.in_doubt(channel)
         self._claim = redis.register_script(_CLAIM)
@@ -144,23 +145,20 @@ class DeliveryLedger:
         keys = [self.key(alert_id, target) for alert_id, target in items]
         self._attempts += 1
         attempt = f"{self._token}/{self._attempts}" if record_attempt else None
-        try:
-            # With replicas required, a found record is written again so the WAIT covers it too (it
-            # may be one whose replication failed just before its message came back).
-            found = await run_script(self._redis, self._claim, keys,
-                                     ["1" if record_attempt else "0", SENDING + (attempt or ""), self._ttl,
-                                      "1" if self._replicas.count else "0", f"{SENDING}{self._token}/",
-                                      self._keys.delivered_attempt("")], self._replicas)
-        except Exception:
-            self._unsent.update(keys)  # whatever the script did, nothing was sent
-            raise
+        # With replicas required, a found record is written again so the WAIT covers it too (it
+        # may be one whose replication failed just before its message came back). If this raises,
+        # whatever the script recorded is ours: `_maybe_sent` still tells a send from none.
+        found = await run_script(self._redis, self._claim, keys,
+                                 ["1" if record_attempt else "0", SENDING + (attempt or ""), self._ttl,
+                                  "1" if self._replicas.count else "0", f"{SENDING}{self._token}/",
+                                  self._keys.delivered_attempt("")], self._replicas)
         claims = []
         for key, value in zip(keys, found, strict=True):
             state = value.decode() if isinstance(value, bytes) else value
             if state == "mine":
-                state = "new" if key in self._unsent else "interrupted"
-            if state == "new":
-                self._unsent.discard(key)
+                state = "interrupted" if key in self._maybe_sent else "new"
+            if state == "new" and record_attempt:
+                self._maybe_sent.add(key)
             claims.append(Claim(state))
         return Claimed(claims, attempt)
 
@@ -174,8 +172,11 @@ class DeliveryLedger:
         try:
             await self._settle(delivered, released, in_doubt, attempt)
         except Exception:
-            self._unsent.update(self.key(alert_id, target) for alert_id, target in released)
+            # A released send certainly never left; the others' records may still say `sending`.
+            self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target in released)
             raise
+        self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target, *_ in
+                                           (*delivered, *released, *in_doubt))
 
     async def _settle(self, delivered: Sequence[tuple[str, str]], released: Sequence[tuple[str, str]],
                       in_doubt: Sequence[tuple[str, str, str, bytes]], attempt: str | None) -> None:
