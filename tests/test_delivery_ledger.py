@@ -132,3 +132,13 @@ async def test_a_settled_claim_is_forgotten_and_another_process_record_stays_int
     # Claimed and never settled: our own record of a send that may have left is in doubt.
     assert (await a.claim([("w", "")], record_attempt=True)).claims == [Claim.NEW]
     assert (await a.claim([("w", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]
+
+
+async def test_a_release_without_its_attempt_is_refused(ledgers, settings: Settings) -> None:
+    """A release names the attempt it drops: with none it would match no record and leave the
+    alert `sending` (in doubt for every later claim) while looking settled."""
+    a, _ = ledgers
+    await a.claim([("x", "")], record_attempt=True)
+    with pytest.raises(ValueError, match="attempt"):
+        await a.settle(released=[("x", "")])
+    assert _statuses(settings, ["x"]) == ["sending"]

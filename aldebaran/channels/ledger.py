@@ -169,22 +169,23 @@ class DeliveryLedger:
         With the claim's `attempt`, the delivered ones are settled by marking it delivered."""
         if not (delivered or released or in_doubt):
             return
+        if released and attempt is None:
+            raise ValueError("a release needs the claim's attempt: only a recorded attempt is dropped")
         try:
             await self._settle(delivered, released, in_doubt, attempt)
         except Exception:
             # A released send certainly never left; the others' records may still say `sending`.
             self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target in released)
             raise
-        self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target, *_ in
-                                           (*delivered, *released, *in_doubt))
+        settled = [*delivered, *released, *((alert_id, target) for alert_id, target, _, _ in in_doubt)]
+        self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target in settled)
 
     async def _settle(self, delivered: Sequence[tuple[str, str]], released: Sequence[tuple[str, str]],
                       in_doubt: Sequence[tuple[str, str, str, bytes]], attempt: str | None) -> None:
         # In order, the attempt marked delivered last: no one sees it before its failures are undone.
         async with self._redis.pipeline(transaction=False) as pipe:
             for alert_id, target in released:
-                await self._release(keys=[self.key(alert_id, target)], args=[SENDING + (attempt or self._token)],
-                                    client=pipe)
+                await self._release(keys=[self.key(alert_id, target)], args=[f"{SENDING}{attempt}"], client=pipe)
             for alert_id, target, reason, body in in_doubt:
                 pipe.set(self.key(alert_id, target), IN_DOUBT, ex=self._ttl)
                 pipe.hset(self._index, entry_field(alert_id, target), in_doubt_entry(alert_id, target, reason, body))
