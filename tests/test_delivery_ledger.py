@@ -110,12 +110,12 @@ async def test_a_release_whose_reply_was_lost_sends_again(ledgers, settings: Set
 
 async def test_a_send_whose_settle_was_cut_is_never_sent_again(ledgers, settings: Settings,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most once: a send left, its settle was cut, and the next claim's reply was lost after
-    Redis moved the record to that claim's attempt. Every later claim is in doubt, never new."""
+    """At most once: a send left without an answer, its settle was cut, and the next claim's reply
+    was lost after Redis moved the record to that claim's attempt. Every later claim is in doubt."""
     a, b = ledgers
     first = await a.claim([("x", "")], record_attempt=True)
-    assert first.claims == [Claim.NEW]  # ... the alert is sent
-    await _settle_cut(a, delivered=[("x", "")], attempt=first.attempt)
+    assert first.claims == [Claim.NEW]  # ... the alert is sent; no answer comes
+    await _settle_cut(a, in_doubt=[("x", "", "no answer", b"{}")], attempt=first.attempt)
     _reply_lost(monkeypatch)
     with pytest.raises(redis.ConnectionError):
         await a.claim([("x", "")], record_attempt=True)
@@ -124,11 +124,53 @@ async def test_a_send_whose_settle_was_cut_is_never_sent_again(ledgers, settings
     assert (await b.claim([("x", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]
 
 
+async def test_a_delivered_send_whose_settle_was_cut_is_settled_by_the_next_claim(
+        ledgers, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipient took it and the settle was cut (the next claim's reply lost too): the next
+    claim knows it delivered, never sends it again nor lists it in doubt, and marks it delivered
+    in Redis, where every other reader sees it so."""
+    a, b = ledgers
+    first = await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    await _settle_cut(a, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
+    _reply_lost(monkeypatch)
+    with pytest.raises(redis.ConnectionError):
+        await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    again = await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    assert again.claims == [Claim.DELIVERED, Claim.INTERRUPTED]
+    assert _statuses(settings, ["x", "y"]) == ["delivered", "sending"]
+    assert (await b.claim([("x", "")], record_attempt=True)).claims == [Claim.DELIVERED]
+    assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.DELIVERED]
+
+
+async def test_a_claim_cut_before_its_delivered_mark_leaves_its_new_alerts_unsent(
+        ledgers, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim ran in Redis, then the link went before it could mark a known delivery: the claim
+    raised, so its new alerts were never sent, and the next claim takes them as new again."""
+    a, _ = ledgers
+    first = await a.claim([("x", "")], record_attempt=True)
+    await _settle_cut(a, delivered=[("x", "")], attempt=first.attempt)
+    real = ledger_module.run_script
+    calls = []
+
+    async def claim_then_cut(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise redis.ConnectionError("the link went after the claim")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_module, "run_script", claim_then_cut)
+    with pytest.raises(redis.ConnectionError):
+        await a.claim([("x", ""), ("z", "")], record_attempt=True)
+    monkeypatch.setattr(ledger_module, "run_script", real)
+    assert len(calls) == 2 and _statuses(settings, ["x", "z"]) == ["sending", "sending"]
+    assert (await a.claim([("x", ""), ("z", "")], record_attempt=True)).claims == [Claim.DELIVERED, Claim.NEW]
+
+
 async def test_a_settled_claim_is_forgotten_and_another_process_record_stays_interrupted(ledgers) -> None:
     a, _ = ledgers
     claimed = await a.claim([("x", ""), ("y", "")], record_attempt=True)
     await a.settle(delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=claimed.attempt)
-    assert not a._maybe_sent  # what is settled in Redis needs no memory here
+    assert not a._unsettled  # what is settled in Redis needs no memory here
     # Claimed and never settled: our own record of a send that may have left is in doubt.
     assert (await a.claim([("w", "")], record_attempt=True)).claims == [Claim.NEW]
     assert (await a.claim([("w", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]

@@ -124,10 +124,11 @@ class DeliveryLedger:
         self._redis, self._keys, self._channel, self._ttl, self._token = redis, keys, channel, ttl_seconds, token
         # Every claim and settle is on this many replicas before anything is sent or acked.
         self._replicas = replicas
-        # Keys this process claimed to send (at most once) and whose outcome is not settled in Redis:
-        # a send may have left. Our own record found again (`mine`) is in doubt when its key is here,
-        # and claimed again when it is not (a claim's or a release's reply was lost: nothing left).
-        self._maybe_sent: set[str] = set()
+        # Keys this process claimed to send (at most once) whose outcome is not settled in Redis:
+        # True once the recipient took the alert (its settle was cut), False while a send may have
+        # left. Our own record found again (`mine`) is delivered or in doubt by this; a key not here
+        # is claimed again (a claim's or a release's reply was lost: nothing left).
+        self._unsettled: dict[str, bool] = {}
         self._attempts = 0
         self._index = keys.in_doubt(channel)
         self._claim = redis.register_script(_CLAIM)
@@ -147,19 +148,27 @@ class DeliveryLedger:
         attempt = f"{self._token}/{self._attempts}" if record_attempt else None
         # With replicas required, a found record is written again so the WAIT covers it too (it
         # may be one whose replication failed just before its message came back). If this raises,
-        # whatever the script recorded is ours: `_maybe_sent` still tells a send from none.
+        # whatever the script recorded is ours: `_unsettled` still tells a send from none.
         found = await run_script(self._redis, self._claim, keys,
                                  ["1" if record_attempt else "0", SENDING + (attempt or ""), self._ttl,
                                   "1" if self._replicas.count else "0", f"{SENDING}{self._token}/",
                                   self._keys.delivered_attempt("")], self._replicas)
         claims = []
+        taken: list[str] = []  # delivered by us, the settle cut: settled now
         for key, value in zip(keys, found, strict=True):
             state = value.decode() if isinstance(value, bytes) else value
             if state == "mine":
-                state = "interrupted" if key in self._maybe_sent else "new"
-            if state == "new" and record_attempt:
-                self._maybe_sent.add(key)
+                took = self._unsettled.get(key)
+                state = "new" if took is None else "delivered" if took else "interrupted"
+                if took:
+                    taken.append(key)
             claims.append(Claim(state))
+        if taken:  # the claim moved their records to its attempt: marked delivered themselves
+            await run_script(self._redis, self._mark, taken, [DELIVERED, self._ttl], self._replicas)
+            for key in taken:
+                del self._unsettled[key]
+        if record_attempt:  # only now: if anything above raised, none of them is sent
+            self._unsettled.update((key, False) for key, claim in zip(keys, claims, strict=True) if claim is Claim.NEW)
         return Claimed(claims, attempt)
 
     async def settle(self, delivered: Sequence[tuple[str, str]] = (), released: Sequence[tuple[str, str]] = (),
@@ -174,11 +183,16 @@ class DeliveryLedger:
         try:
             await self._settle(delivered, released, in_doubt, attempt)
         except Exception:
-            # A released send certainly never left; the others' records may still say `sending`.
-            self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target in released)
+            # A released send certainly never left; a delivered one is known taken; the records of
+            # both may still say `sending`.
+            for alert_id, target in released:
+                self._unsettled.pop(self.key(alert_id, target), None)
+            for alert_id, target in delivered:
+                if self.key(alert_id, target) in self._unsettled:
+                    self._unsettled[self.key(alert_id, target)] = True
             raise
-        settled = [*delivered, *released, *((alert_id, target) for alert_id, target, _, _ in in_doubt)]
-        self._maybe_sent.difference_update(self.key(alert_id, target) for alert_id, target in settled)
+        for alert_id, target in [*delivered, *released, *((a, t) for a, t, _, _ in in_doubt)]:
+            self._unsettled.pop(self.key(alert_id, target), None)
 
     async def _settle(self, delivered: Sequence[tuple[str, str]], released: Sequence[tuple[str, str]],
                       in_doubt: Sequence[tuple[str, str, str, bytes]], attempt: str | None) -> None:
