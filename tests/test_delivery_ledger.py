@@ -100,8 +100,8 @@ async def test_our_own_record_of_a_send_that_never_left_moves_to_the_next_attemp
     assert _statuses(settings, ["x"]) == ["delivered"]
 
 
-async def test_a_release_whose_reply_was_lost_sends_again(ledgers, settings: Settings) -> None:
-    """A send that certainly failed, its release cut: the record is ours and nothing left."""
+async def test_a_release_cut_sends_again(ledgers, settings: Settings) -> None:
+    """A send that certainly failed, its release cut before Redis: the record is ours and nothing left."""
     a, _ = ledgers
     first = await a.claim([("x", "")], record_attempt=True)
     await _settle_cut(a, released=[("x", "")], attempt=first.attempt)
@@ -140,6 +140,42 @@ async def test_a_delivered_send_whose_settle_was_cut_is_settled_by_the_next_clai
     assert _statuses(settings, ["x", "y"]) == ["delivered", "sending"]
     assert (await b.claim([("x", "")], record_attempt=True)).claims == [Claim.DELIVERED]
     assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.DELIVERED]
+    assert a.key("x") not in a._unsettled  # marked in Redis: nothing left to remember
+
+
+async def test_an_unsettled_send_whose_record_redis_lost_is_not_sent_again(ledgers, settings: Settings) -> None:
+    """A failover to a replica that missed the record: Redis says new, the deliverer knows better."""
+    a, _ = ledgers
+    first = await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    await _settle_cut(a, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
+    client = redis.Redis.from_url(services.REDIS_URL)
+    try:
+        client.delete(a.key("x"), a.key("y"))
+    finally:
+        client.close()
+    again = await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    assert again.claims == [Claim.DELIVERED, Claim.INTERRUPTED]
+    assert _statuses(settings, ["x"]) == ["delivered"]
+
+
+async def test_a_settle_applied_whose_reply_was_lost_leaves_redis_the_judge(ledgers, settings: Settings) -> None:
+    """The settle reached Redis and only its reply was lost: the next claim reads the outcome there
+    and forgets its own note, which would otherwise outlive the ledger's ttl."""
+    a, _ = ledgers
+    first = await a.claim([("x", ""), ("y", "")], record_attempt=True)
+    real = a._settle
+
+    async def applied_then_lost(*args, **kwargs) -> None:
+        await real(*args, **kwargs)
+        raise redis.ConnectionError("the settle's reply was lost")
+
+    a._settle = applied_then_lost
+    with pytest.raises(redis.ConnectionError):
+        await a.settle(delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
+    a._settle = real
+    assert a._unsettled  # what it knows before it reads Redis again
+    assert (await a.claim([("x", ""), ("y", "")], record_attempt=True)).claims == [Claim.DELIVERED, Claim.IN_DOUBT]
+    assert not a._unsettled
 
 
 async def test_a_claim_cut_before_its_delivered_mark_leaves_its_new_alerts_unsent(

@@ -126,8 +126,9 @@ class DeliveryLedger:
         self._replicas = replicas
         # Keys this process claimed to send (at most once) whose outcome is not settled in Redis:
         # True once the recipient took the alert (its settle was cut), False while a send may have
-        # left. Our own record found again (`mine`) is delivered or in doubt by this; a key not here
-        # is claimed again (a claim's or a release's reply was lost: nothing left).
+        # left. Our own record found again (`mine`), or none at all, is delivered or in doubt by
+        # this; our record of a key not here is claimed again (a claim's or a release's reply was
+        # lost: nothing left).
         self._unsettled: dict[str, bool] = {}
         self._attempts = 0
         self._index = keys.in_doubt(channel)
@@ -157,11 +158,15 @@ class DeliveryLedger:
         taken: list[str] = []  # delivered by us, the settle cut: settled now
         for key, value in zip(keys, found, strict=True):
             state = value.decode() if isinstance(value, bytes) else value
-            if state == "mine":
-                took = self._unsettled.get(key)
-                state = "new" if took is None else "delivered" if took else "interrupted"
-                if took:
-                    taken.append(key)
+            if key in self._unsettled:
+                if state in ("mine", "new"):  # our record, or none (a failover lost it): what we know decides
+                    state = "delivered" if self._unsettled[key] else "interrupted"
+                    if state == "delivered":
+                        taken.append(key)
+                else:  # settled in Redis meanwhile (a settle whose reply was lost): Redis decides
+                    del self._unsettled[key]
+            elif state == "mine":
+                state = "new"
             claims.append(Claim(state))
         if taken:  # the claim moved their records to its attempt: marked delivered themselves
             await run_script(self._redis, self._mark, taken, [DELIVERED, self._ttl], self._replicas)
