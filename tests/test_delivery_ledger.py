@@ -58,26 +58,36 @@ async def test_an_attempt_never_settled_is_interrupted_for_everyone_else(ledgers
     assert _statuses(settings, ["x"]) == ["in-doubt"]
 
 
-def _reply_lost(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The next claim runs in Redis, then its reply is lost (a connection cut after the command left)."""
+def _script_call_fails(monkeypatch: pytest.MonkeyPatch, call: int = 1, *, applied: bool) -> list[int]:
+    """The `call`-th Redis script call from now fails: `applied`, it ran in Redis and its reply was
+    lost (a cut after the command left); else it never reached Redis. The others are real; the
+    returned list counts the calls."""
     real = ledger_module.run_script
+    calls: list[int] = []
 
-    async def run_then_lose(*args, **kwargs):
-        monkeypatch.setattr(ledger_module, "run_script", real)
-        await real(*args, **kwargs)
-        raise redis.ConnectionError("the claim's reply was lost")
+    async def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) != call:
+            return await real(*args, **kwargs)
+        if applied:
+            await real(*args, **kwargs)
+        raise redis.ConnectionError("the link went" + (" before the reply" if applied else ""))
 
-    monkeypatch.setattr(ledger_module, "run_script", run_then_lose)
+    monkeypatch.setattr(ledger_module, "run_script", failing)
+    return calls
 
 
-async def _settle_cut(ledger: DeliveryLedger, **outcomes) -> None:
-    """A settle that never reaches Redis (the link is down)."""
+async def _settle_fails(ledger: DeliveryLedger, *, applied: bool = False, **outcomes) -> None:
+    """A settle that fails: `applied`, it ran in Redis and its reply was lost; else it never
+    reached Redis (the link is down)."""
     real = ledger._settle
 
-    async def cut(*args, **kwargs) -> None:
-        raise redis.ConnectionError("Redis is unreachable")
+    async def failing(*args, **kwargs) -> None:
+        if applied:
+            await real(*args, **kwargs)
+        raise redis.ConnectionError("the link went" + (" before the reply" if applied else ""))
 
-    ledger._settle = cut
+    ledger._settle = failing
     try:
         with pytest.raises(redis.ConnectionError):
             await ledger.settle(**outcomes)
@@ -90,7 +100,7 @@ async def test_our_own_record_of_a_send_that_never_left_moves_to_the_next_attemp
     """A lost claim reply leaves our record without a send: the next claim sends it, and its
     record must name the new attempt, or marking that attempt delivered would not cover it."""
     a, _ = ledgers
-    _reply_lost(monkeypatch)
+    _script_call_fails(monkeypatch, applied=True)
     with pytest.raises(redis.ConnectionError):
         await a.claim([("x", "")], record_attempt=True)
     assert _statuses(settings, ["x"]) == ["sending"]
@@ -104,7 +114,7 @@ async def test_a_release_cut_sends_again(ledgers, settings: Settings) -> None:
     """A send that certainly failed, its release cut before Redis: the record is ours and nothing left."""
     a, _ = ledgers
     first = await a.claim([("x", "")], record_attempt=True)
-    await _settle_cut(a, released=[("x", "")], attempt=first.attempt)
+    await _settle_fails(a, released=[("x", "")], attempt=first.attempt)
     assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.NEW]
 
 
@@ -115,8 +125,8 @@ async def test_a_send_whose_settle_was_cut_is_never_sent_again(ledgers, settings
     a, b = ledgers
     first = await a.claim([("x", "")], record_attempt=True)
     assert first.claims == [Claim.NEW]  # ... the alert is sent; no answer comes
-    await _settle_cut(a, in_doubt=[("x", "", "no answer", b"{}")], attempt=first.attempt)
-    _reply_lost(monkeypatch)
+    await _settle_fails(a, in_doubt=[("x", "", "no answer", b"{}")], attempt=first.attempt)
+    _script_call_fails(monkeypatch, applied=True)
     with pytest.raises(redis.ConnectionError):
         await a.claim([("x", "")], record_attempt=True)
     assert (await a.claim([("x", "")], record_attempt=True)).claims == [Claim.INTERRUPTED]
@@ -131,8 +141,8 @@ async def test_a_delivered_send_whose_settle_was_cut_is_settled_by_the_next_clai
     in Redis, where every other reader sees it so."""
     a, b = ledgers
     first = await a.claim([("x", ""), ("y", "")], record_attempt=True)
-    await _settle_cut(a, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
-    _reply_lost(monkeypatch)
+    await _settle_fails(a, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
+    _script_call_fails(monkeypatch, applied=True)
     with pytest.raises(redis.ConnectionError):
         await a.claim([("x", ""), ("y", "")], record_attempt=True)
     again = await a.claim([("x", ""), ("y", "")], record_attempt=True)
@@ -147,7 +157,7 @@ async def test_an_unsettled_send_whose_record_redis_lost_is_not_sent_again(ledge
     """A failover to a replica that missed the record: Redis says new, the deliverer knows better."""
     a, _ = ledgers
     first = await a.claim([("x", ""), ("y", "")], record_attempt=True)
-    await _settle_cut(a, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
+    await _settle_fails(a, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
     client = redis.Redis.from_url(services.REDIS_URL)
     try:
         client.delete(a.key("x"), a.key("y"))
@@ -163,16 +173,8 @@ async def test_a_settle_applied_whose_reply_was_lost_leaves_redis_the_judge(ledg
     and forgets its own note, which would otherwise outlive the ledger's ttl."""
     a, _ = ledgers
     first = await a.claim([("x", ""), ("y", "")], record_attempt=True)
-    real = a._settle
-
-    async def applied_then_lost(*args, **kwargs) -> None:
-        await real(*args, **kwargs)
-        raise redis.ConnectionError("the settle's reply was lost")
-
-    a._settle = applied_then_lost
-    with pytest.raises(redis.ConnectionError):
-        await a.settle(delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=first.attempt)
-    a._settle = real
+    await _settle_fails(a, applied=True, delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")],
+                        attempt=first.attempt)
     assert a._unsettled  # what it knows before it reads Redis again
     assert (await a.claim([("x", ""), ("y", "")], record_attempt=True)).claims == [Claim.DELIVERED, Claim.IN_DOUBT]
     assert not a._unsettled
@@ -184,25 +186,15 @@ async def test_a_claim_cut_before_its_delivered_mark_leaves_its_new_alerts_unsen
     raised, so its new alerts were never sent, and the next claim takes them as new again."""
     a, _ = ledgers
     first = await a.claim([("x", "")], record_attempt=True)
-    await _settle_cut(a, delivered=[("x", "")], attempt=first.attempt)
-    real = ledger_module.run_script
-    calls = []
-
-    async def claim_then_cut(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > 1:
-            raise redis.ConnectionError("the link went after the claim")
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(ledger_module, "run_script", claim_then_cut)
+    await _settle_fails(a, delivered=[("x", "")], attempt=first.attempt)
+    calls = _script_call_fails(monkeypatch, 2, applied=False)  # the claim, then the mark
     with pytest.raises(redis.ConnectionError):
         await a.claim([("x", ""), ("z", "")], record_attempt=True)
-    monkeypatch.setattr(ledger_module, "run_script", real)
     assert len(calls) == 2 and _statuses(settings, ["x", "z"]) == ["sending", "sending"]
     assert (await a.claim([("x", ""), ("z", "")], record_attempt=True)).claims == [Claim.DELIVERED, Claim.NEW]
 
 
-async def test_a_settled_claim_is_forgotten_and_another_process_record_stays_interrupted(ledgers) -> None:
+async def test_a_settled_claim_is_forgotten_and_one_never_settled_is_in_doubt(ledgers) -> None:
     a, _ = ledgers
     claimed = await a.claim([("x", ""), ("y", "")], record_attempt=True)
     await a.settle(delivered=[("x", "")], in_doubt=[("y", "", "no answer", b"{}")], attempt=claimed.attempt)

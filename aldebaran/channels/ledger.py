@@ -192,9 +192,9 @@ class DeliveryLedger:
             # both may still say `sending`.
             for alert_id, target in released:
                 self._unsettled.pop(self.key(alert_id, target), None)
-            for alert_id, target in delivered:
-                if self.key(alert_id, target) in self._unsettled:
-                    self._unsettled[self.key(alert_id, target)] = True
+            for key in (self.key(alert_id, target) for alert_id, target in delivered):
+                if key in self._unsettled:
+                    self._unsettled[key] = True
             raise
         for alert_id, target in [*delivered, *released, *((a, t) for a, t, _, _ in in_doubt)]:
             self._unsettled.pop(self.key(alert_id, target), None)
