@@ -12,39 +12,34 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import uuid
 from pathlib import Path
-
-import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from aldebaran.bench.environment import Place
 from aldebaran.channels.ledger import DeliveryLedger
-from aldebaran.io.redis import Keys
+from aldebaran.io.redis import Keys, connect
 from aldebaran.settings import Settings
 
 CHUNK = 128
 
 
 async def main(rounds: int) -> None:
-    redis = aioredis.Redis.from_url(Settings().redis_url)
-    prefix = f"ledger-claim-{uuid.uuid4().hex[:8]}"
-    ledger = DeliveryLedger(redis, Keys(prefix), "bus", 600, "bench:1")
-    batches = [[(f"over_purchase:order-{n}-{i}", "") for i in range(CHUNK)] for n in range(rounds)]
-    connection = await redis.connection_pool.get_connection()
-    parser = type(connection._parser).__name__
-    await redis.connection_pool.release(connection)
-    try:
-        started = time.process_time()
-        for ids in batches:
-            claimed = await ledger.claim(ids, record_attempt=True)
-            await ledger.settle(ids, attempt=claimed.attempt)
-        spent = time.process_time() - started
-    finally:
-        keys = [key async for key in redis.scan_iter(f"{prefix}*", count=5000)]
-        for start in range(0, len(keys), 5000):
-            await redis.unlink(*keys[start:start + 5000])
-        await redis.aclose()
+    with Place(Settings()) as place:  # its key prefix, dropped at the end
+        redis = await connect(place.settings())
+        ledger = DeliveryLedger(redis, Keys(place.prefix), "bus", 600, "bench:1")
+        batches = [[(f"over_purchase:order-{n}-{i}", "") for i in range(CHUNK)] for n in range(rounds)]
+        connection = await redis.connection_pool.get_connection()
+        parser = type(connection._parser).__name__
+        await redis.connection_pool.release(connection)
+        try:
+            started = time.process_time()
+            for ids in batches:
+                claimed = await ledger.claim(ids, record_attempt=True)
+                await ledger.settle(ids, attempt=claimed.attempt)
+            spent = time.process_time() - started
+        finally:
+            await redis.aclose()
     print(f"{rounds * CHUNK:,} alerts in chunks of {CHUNK}, {parser}: "
           f"{spent / (rounds * CHUNK) * 1e6:.2f} µs of client CPU per alert (claim + settle)")
 

@@ -4,7 +4,7 @@ The `amqp` channel emits one message per alert (CONTRACT §3): persistent, manda
 written many to a socket write (`publish_many`, as the deliverer does, 128 per call, two
 calls in flight). This publishes N such messages of an alert's size into a durable queue with
 no consumer and prints RabbitMQ's CPU per message beside the publisher's, then the same with
-one thing changed each time: consumed at once, transient, not mandatory, and into a version-2 classic queue
+one thing changed each time: with a consumer, transient, not mandatory, and into a version-2 classic queue
 (RabbitMQ 3.10+, `x-queue-version: 2`; the recipient declares its queue, not us). Rows
 alternate over `rounds` so a host's drift hits each alike.
 
@@ -20,12 +20,11 @@ import uuid
 from pathlib import Path
 
 import aiormq
-import psutil
 from pamqp import commands as spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aldebaran.bench.environment import Place
+from aldebaran.bench.environment import CpuMeter, Place
 from aldebaran.io.publish_many import publish_many
 from aldebaran.settings import Settings
 
@@ -33,32 +32,20 @@ BODY = b"x" * 250  # an over_purchase alert's JSON is about this size
 CHUNK = 128  # half the bench channel's send window, as a deliverer's chunk
 ROWS = (  # label, delivery_mode, mandatory, queue version, consumed at once
     ("persistent, mandatory (the channel's)", 2, True, 1, False),
-    ("the same, consumed at once (auto-ack, as the bench's recipient)", 2, True, 1, True),
+    ("the same, with a consumer (auto-ack, as the bench's recipient)", 2, True, 1, True),
     ("transient, mandatory", 1, True, 1, False),
     ("persistent, not mandatory", 2, False, 1, False),
     ("persistent, mandatory, classic queue v2", 2, True, 2, False),
 )
 
 
-def broker() -> psutil.Process:
-    """The local RabbitMQ node (its CPU is what we measure)."""
-    for process in psutil.process_iter(["name"]):
-        if process.info["name"] == "beam.smp":
-            return process
-    raise SystemExit("no local RabbitMQ (beam.smp) found")
-
-
-def cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
-async def row(url: str, beam: psutil.Process, messages: int, mode: int, mandatory: bool,
-              version: int, consumed: bool) -> tuple[float, float, float]:
+async def row(url: str, messages: int, mode: int, mandatory: bool, version: int,
+              consumed: bool) -> tuple[float, float, float]:
     """(broker µs, publisher µs, messages/s) per message for one way of publishing; with
     `consumed`, until a consumer in this process (counted as the publisher's) got them all."""
     connection = await aiormq.connect(url)
-    reader = await aiormq.connect(url)
+    reader = await aiormq.connect(url) if consumed else None
+    meter = CpuMeter()  # this process and the local RabbitMQ
     try:
         channel = await connection.channel()
         await channel.confirm_delivery()
@@ -73,11 +60,12 @@ async def row(url: str, beam: psutil.Process, messages: int, mode: int, mandator
             if received == messages:
                 everything.set_result(None)
 
-        if consumed:
+        if reader is not None:
             consumer = await reader.channel()
             await consumer.basic_qos(prefetch_count=1000)
             await consumer.basic_consume(queue, on_message, no_ack=True)  # type: ignore[arg-type]
-        beam0, own0, wall0 = cpu(beam), time.process_time(), time.monotonic()
+        wall0 = time.monotonic()
+        meter.start([])
         waiting: list[asyncio.Future[list[BaseException | None]]] = []
         for start in range(0, messages, CHUNK):
             count = min(CHUNK, messages - start)
@@ -92,25 +80,26 @@ async def row(url: str, beam: psutil.Process, messages: int, mode: int, mandator
             outcomes = await pending
             if any(outcome is not None for outcome in outcomes):
                 raise SystemExit(f"a publish was refused: {outcomes}")
-        if consumed:
+        if reader is not None:
             await everything
-        beam1, own1, wall1 = cpu(beam), time.process_time(), time.monotonic()
-        await reader.close()  # its consumer first: the broker would cancel it on the delete
+        cores = meter.stop()
+        wall = time.monotonic() - wall0
+        if reader is not None:
+            await reader.close()  # its consumer first: the broker would cancel it on the delete
         await channel.queue_delete(queue)
     finally:
-        if not reader.is_closed:
+        if reader is not None and not reader.is_closed:
             await reader.close()
         await connection.close()
-    return (beam1 - beam0) / messages * 1e6, (own1 - own0) / messages * 1e6, messages / (wall1 - wall0)
+    return cores["rabbitmq"] * wall / messages * 1e6, cores["bench"] * wall / messages * 1e6, messages / wall
 
 
 async def main(messages: int, rounds: int) -> None:
-    beam = broker()
     results: dict[str, list[tuple[float, float, float]]] = {row[0]: [] for row in ROWS}
     with Place(Settings()) as place:
         for _ in range(rounds):
             for label, mode, mandatory, version, consumed in ROWS:
-                results[label].append(await row(place.amqp_url, beam, messages, mode, mandatory, version, consumed))
+                results[label].append(await row(place.amqp_url, messages, mode, mandatory, version, consumed))
     print(f"{messages:,} messages of {len(BODY)} bytes per row, {CHUNK} per write; each round's figure, in order")
     print("| publish | RabbitMQ µs/message | publisher µs/message | messages/s |")
     print("|---|---:|---:|---:|")
