@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 Window = tuple[int, int, str]
+BUCKET_MS = 1000  # signs of life are collected per whole second
 
 
 def unaudited_windows(slim: DataFrame, vhosts: list[str], since_ms: int | None, until_ms: int | None,
@@ -25,7 +26,7 @@ def unaudited_windows(slim: DataFrame, vhosts: list[str], since_ms: int | None, 
     # One job: gap markers, heartbeat intervals, and signs of life (heartbeats and every
     # traced record) bucketed per second (small to collect).
     rows = (slim.where((kind != "corrupt") & (F.col("ts").isNotNull() | (kind == "gap")))
-            .select("vhost", (kind == "gap").alias("gap"), F.when(kind != "gap", (F.col("ts") / 1000).cast("long"))
+            .select("vhost", (kind == "gap").alias("gap"), F.when(kind != "gap", (F.col("ts") / BUCKET_MS).cast("long"))
                     .alias("s"), "start", "end", "reason", F.when(kind == "heartbeat", F.col("interval")).alias("i"))
             .distinct().collect())
     marked = [(r["vhost"], r["start"], r["end"], r["reason"] or "recorder gap") for r in rows if r["gap"]]
@@ -33,7 +34,7 @@ def unaudited_windows(slim: DataFrame, vhosts: list[str], since_ms: int | None, 
     seconds: dict[str | None, list[int]] = defaultdict(list)
     for r in rows:
         if not r["gap"]:
-            seconds[r["vhost"]].append(r["s"] * 1000)
+            seconds[r["vhost"]].append(r["s"] * BUCKET_MS)
             if r["i"] is not None:
                 beats[r["vhost"]] = max(beats.get(r["vhost"], 0.0), r["i"])
     out = {}
@@ -41,15 +42,20 @@ def unaudited_windows(slim: DataFrame, vhosts: list[str], since_ms: int | None, 
         life = sorted(set(seconds.get(v, [])) | set(seconds.get(None, [])))
         mine = [(s, e, why) for vv, s, e, why in marked if vv in (v, None)]
         interval_s = beats.get(v) or beats.get(None) or default_interval_s
-        out[v] = _windows(life, mine, silence_factor * interval_s * 1000, since_ms, until_ms)
+        out[v] = silences(life, mine, silence_factor * interval_s * 1000, since_ms, until_ms)
     return out
 
 
-def _windows(life: list[int], marked: list[Window], allowed: float, since_ms: int | None,
+def silences(life: list[int], marked: list[Window], allowed: float, since_ms: int | None,
              until_ms: int | None) -> list[Window]:
+    """`marked` plus every stretch longer than `allowed` ms without a sign of life, merged.
+
+    `life` holds whole seconds (ms, floored): two signs of life 1.01 s apart can land 2 s
+    apart, so a silence counts only once it is longer than `allowed` plus that second."""
+    allowed += BUCKET_MS
     windows = list(marked)
     for a, b in pairwise(life):
-        covered = any(s - 1000 <= a and e + 1000 >= b for s, e, _ in marked)
+        covered = any(s - BUCKET_MS <= a and e + BUCKET_MS >= b for s, e, _ in marked)
         if b - a > allowed and not covered:
             windows.append((a, b, "no heartbeat"))
     if life:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import gzip
 import json
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -203,6 +204,28 @@ async def test_firehose_found_off_is_turned_back_on_and_marked(settings: Setting
     gaps = [r for r in read_records(Path(settings.traces_dir)) if r["kind"] == "gap"]
     assert [g["reason"] for g in gaps] == ["firehose was off"]
     assert gaps[0]["end"] > gaps[0]["start"]
+
+
+async def test_a_hung_firehose_check_does_not_hold_back_the_heartbeats(settings: Settings,
+                                                                      vhost: services.Vhost) -> None:
+    """The management API stops answering after the start: the check hangs, the recorder goes on
+    beating (a silence there would be an unaudited window while it was recording)."""
+    declare(settings, echo=lambda _: None)
+    tracer = build(settings, heartbeat_seconds=0.2, check_seconds=0.1, linger_seconds=0.05)
+    hung = asyncio.Event()
+
+    async def never_answers() -> bool:
+        hung.set()
+        await asyncio.Event().wait()
+        return True
+
+    root = Path(settings.traces_dir)
+    async with Running(tracer):
+        tracer.firehose.is_on = never_answers  # type: ignore[method-assign]
+        await asyncio.wait_for(hung.wait(), 10)
+        since = time.time() * 1000
+        await wait_written(root, lambda rs: len([r for r in periodic_beats(rs) if r["ts"] > since]) >= 3,
+                           "three heartbeats while the firehose check hangs")
 
 
 def test_turn_on_uses_the_management_api(vhost: services.Vhost) -> None:

@@ -149,25 +149,34 @@ class Tracer:
     async def _loop(self, life: Lifecycle) -> None:
         next_beat = time.monotonic() + self.heartbeat_seconds
         next_check = time.monotonic() + self.check_seconds
-        while not life.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(life.stopping.wait(), timeout=self.linger_seconds)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + self.check_seconds
-                await self._ensure_on()
-            if now >= next_beat:
-                next_beat = now + self.heartbeat_seconds
-                self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                    "recorder": self.recorder, "vhost": self.firehose.vhost})
-            if self._catching_up == 0 and self._gap_start is not None:
-                self._gap(self._gap_start, now_ms(), "backlog drained after restart")
-                self._gap_start = None
-                # Saved with the gap: a recorder killed before its next regular heartbeat
-                # hands its successor this moment, not the start of the closed outage.
-                self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                    "recorder": self.recorder, "vhost": self.firehose.vhost, "event": "caught up"})
-            await self.flush()
+        # The check runs beside the loop: a slow management API must not hold back the
+        # heartbeats, or the audit would see a silence where the recorder was recording.
+        check: asyncio.Task[bool] | None = None
+        try:
+            while not life.stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(life.stopping.wait(), timeout=self.linger_seconds)
+                now = time.monotonic()
+                if now >= next_check and (check is None or check.done()):
+                    next_check = now + self.check_seconds
+                    check = asyncio.create_task(self._ensure_on())
+                    check.add_done_callback(_log_failed_check)
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat_seconds
+                    self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
+                                        "recorder": self.recorder, "vhost": self.firehose.vhost})
+                if self._catching_up == 0 and self._gap_start is not None:
+                    self._gap(self._gap_start, now_ms(), "backlog drained after restart")
+                    self._gap_start = None
+                    # Saved with the gap: a recorder killed before its next regular heartbeat
+                    # hands its successor this moment, not the start of the closed outage.
+                    self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
+                                        "recorder": self.recorder, "vhost": self.firehose.vhost,
+                                        "event": "caught up"})
+                await self.flush()
+        finally:
+            if check is not None:
+                check.cancel()
 
     async def _ensure_on(self) -> bool:
         state = await self.firehose.is_on()
@@ -222,6 +231,11 @@ class Tracer:
                 except Exception as exc:  # noqa: BLE001 - channel gone: broker redelivers
                     log.warning("ack after flush failed; the broker will redeliver", error=str(exc))
                 self.recorded += len(pending)
+
+
+def _log_failed_check(task: asyncio.Task[bool]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("firehose check failed; retried at the next check", error=repr(task.exception()))
 
 
 def build(settings: Settings, **options: Any) -> Tracer:

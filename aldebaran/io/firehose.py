@@ -54,9 +54,13 @@ class Firehose:
                 return True
         except (httpx.HTTPError, ValueError) as exc:
             log.warning("management API could not turn the firehose on", vhost=self.vhost, error=str(exc))
-        proc = await asyncio.create_subprocess_exec(
-            "rabbitmqctl", "trace_on", "-p", self.vhost,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "rabbitmqctl", "trace_on", "-p", self.vhost,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        except OSError as exc:  # no CLI on this host
+            log.error("cannot turn the firehose on", vhost=self.vhost, output=f"rabbitmqctl: {exc}")
+            return False
         out, _ = await proc.communicate()
         if proc.returncode == 0:
             log.info("firehose turned on", vhost=self.vhost, via="rabbitmqctl")
