@@ -103,8 +103,13 @@ def run(opts: AuditOptions, master: str | None, out: str | None, allow_gaps: boo
     Path(paths["summary"]).write_text(json.dumps(info, indent=2))  # with the final run time
     console.print(_table(info))
     console.print(f"report: {paths['report']}")
-    clean = info["verdict"] in ("clean", "in_doubt") or (allow_gaps and info["verdict"] == "unaudited")
-    return (0 if clean else 1), info
+    return exit_status(info["verdict"], allow_gaps), info
+
+
+def exit_status(verdict: str, allow_gaps: bool = False) -> int:
+    """0 when nothing needs the operator's judgement beyond the in-doubt list (and, with
+    `--allow-gaps`, the unaudited windows); 1 otherwise."""
+    return 0 if verdict in ("clean", "in_doubt") or (allow_gaps and verdict == "unaudited") else 1
 
 
 def _table(info: dict[str, Any]) -> Any:

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_analytics import bodies, records, wire
+from tests.support.scale import FULL
 
 pytestmark = pytest.mark.spark
 
@@ -181,8 +182,9 @@ def message(draw: st.DrawFn) -> Body:
     return draw(st.sampled_from(["", " ", "  "])) + text, None
 
 
-# Few examples of many bodies each: every example is two Spark jobs.
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# Few examples of many bodies each: every example is two Spark jobs (seconds on a loaded host).
+@settings(max_examples=40 if FULL else 4, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(message(), min_size=1, max_size=150))
 def test_random_bodies_are_split_as_spark_reads_them(spark, messages: list[Body]) -> None:
     assert split(spark, messages) == spark_read(spark, messages)

@@ -29,12 +29,12 @@ from aldebaran.io.redis import sync_client
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import TradeEvent
 from tests.support.checker import SinkReport, check
+from tests.support.scale import FULL
 from tests.support.waiting import quiet_window, wait_until
 
 KINDS = ("engine", "lookout", "hook", "pull")  # the default mode; per-order tests name their kinds
 CHANNEL_KINDS = {"hook": ("channel", "hook"), "pull": ("channel", "pull")}
 # CI runs a small stream; FAULTS_SCALE=full runs the recorded matrix (docs/reliability.md).
-FULL = os.environ.get("FAULTS_SCALE", "ci") == "full"
 ORDERS = int(os.environ.get("FAULTS_ORDERS", "1000" if FULL else "60"))
 RATE = float(os.environ.get("FAULTS_RATE", "1000" if FULL else "400"))  # events/s offered
 # pytest-timeout for one fault test (pyproject's 300 s default is too short at full scale).

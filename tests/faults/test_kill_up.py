@@ -83,7 +83,9 @@ class Up:
                          if self.log_path(n).exists())
 
 
-@pytest.mark.parametrize("mode", ["per-order", "engine"])
+# The reference mode under `up` at full scale only: CI kills its two workers in test_kill.py.
+@pytest.mark.parametrize("mode", [pytest.param("per-order", marks=pytest.mark.skipif(
+    not FULL, reason="the reference mode's `up` kill runs at full scale")), "engine"])
 def test_sigkill_of_up_three_times_alerts_once_on_the_bus(mode, fault_env, webhook, redis_prefix, vhost,
                                                           tmp_path: Path) -> None:
     stream = generate(orders=ORDERS, seed=18, orphans=0.05)
