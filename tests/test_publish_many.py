@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiormq
 import aiormq.abc
+import pamqp.frame
 import pytest
 from aiormq.exceptions import DeliveryError, PublishError
+from hypothesis import given
+from hypothesis import strategies as st
 from pamqp import commands as spec
+from pamqp.header import ContentHeader
 
-from aldebaran.io.publish_many import publish_many
+from aldebaran.io.publish_many import header_frame, publish_many
 from tests.support import services
 
 
@@ -112,3 +116,68 @@ async def test_it_refuses_a_channel_without_confirms(vhost: services.Vhost) -> N
             await publish_many(plain, [b"x"], props(1), routing_key="q")
     finally:
         await connection.close()
+
+
+def outcome(marshal: Callable[[], bytes]) -> bytes | type[Exception]:
+    try:
+        return marshal()
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return type(exc)
+
+
+def same_as_pamqp(props: spec.Basic.Properties, size: int, number: int) -> None:
+    expected = outcome(lambda: pamqp.frame.marshal(ContentHeader(properties=props, body_size=size), number))
+    assert outcome(lambda: header_frame(props, size, number)) == expected
+
+
+SIZES, CHANNELS = st.integers(0, 2**64 - 1), st.integers(1, 2**16 - 1)
+
+
+@given(st.text(min_size=1, max_size=260), st.integers(0, 255), st.text(min_size=1, max_size=260), SIZES, CHANNELS)
+def test_the_hand_built_header_is_pamqps_byte_for_byte(ctype: str, mode: int, mid: str, size: int,
+                                                        number: int) -> None:
+    """The alert's properties, any text (past 255 bytes, or a lone surrogate, pamqp's error)."""
+    props = spec.Basic.Properties(content_type=ctype, message_id=mid)
+    props.delivery_mode = mode  # past the constructor's check: the marshalling is what is compared
+    same_as_pamqp(props, size, number)
+
+
+def test_the_alert_header_is_built_without_pamqp(monkeypatch: pytest.MonkeyPatch) -> None:
+    props = spec.Basic.Properties(delivery_mode=2, message_id="over_purchase:7", content_type="application/json")
+    expected = pamqp.frame.marshal(ContentHeader(properties=props, body_size=321), 3)
+
+    def refuse(*_: object) -> bytes:
+        raise AssertionError("pamqp marshalled the alert's header")
+
+    monkeypatch.setattr(pamqp.frame, "marshal", refuse)
+    assert header_frame(props, 321, 3) == expected
+
+
+@given(st.one_of(st.none(), st.text(max_size=20)), st.one_of(st.none(), st.integers(0, 255)),
+       st.one_of(st.none(), st.text(max_size=20)), st.sampled_from([None, {"x": 1}, "app"]), SIZES, CHANNELS)
+def test_other_properties_take_pamqps_path(ctype: str | None, mode: int | None, mid: str | None, extra: object,
+                                           size: int, number: int) -> None:
+    props = spec.Basic.Properties(content_type=ctype, message_id=mid, app_id=extra if isinstance(extra, str) else None,
+                                  headers=extra if isinstance(extra, dict) else None)
+    props.delivery_mode = mode
+    same_as_pamqp(props, size, number)
+
+
+async def test_the_alert_properties_arrive_as_sent(channel: aiormq.abc.AbstractChannel) -> None:
+    """The alert bus's and the amqp channel's properties (built by hand), one id of 255 bytes
+    and one not ASCII; and one message with a header table (pamqp's path) between them."""
+    await channel.queue_declare("p", durable=True)
+    ids = ["over_purchase:1", "é" * 127 + "x", "over_purchase:ü-2"]
+    sent = [spec.Basic.Properties(delivery_mode=2, message_id=i, content_type="application/json") for i in ids]
+    sent.insert(1, spec.Basic.Properties(delivery_mode=1, message_id="h", content_type="text/plain",
+                                         headers={"k": "v"}))
+    confirmations = await publish_many(channel, [b"a", b"", b"c" * 70_000, b"d"], sent, routing_key="p")
+    assert await confirmations.wait() == [None] * 4
+    got = []
+    for _ in range(4):
+        message = await channel.basic_get("p", no_ack=True)
+        p = message.header.properties
+        got.append((p.message_id, p.content_type, p.delivery_mode, p.headers, len(message.body)))
+    assert got == [("over_purchase:1", "application/json", 2, None, 1), ("h", "text/plain", 1, {"k": "v"}, 0),
+                   ("é" * 127 + "x", "application/json", 2, None, 70_000),
+                   ("over_purchase:ü-2", "application/json", 2, None, 1)]

@@ -18,6 +18,7 @@ alone and aiormq is pinned to 7.x.
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 from collections.abc import Sequence
 
@@ -29,6 +30,30 @@ from aiormq.exceptions import DeliveryError
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
+
+# A content header frame: type, channel, payload size; class id, weight, body size, property flags.
+_HEADER = struct.Struct(">BHIHHQH")
+_FLAGS = 0x8000 | 0x1000 | 0x0080  # content_type, delivery_mode, message_id
+_UNSET = ((None,) * 11, (None,) * 10 + ("",))  # the other properties: none set (pamqp's cluster id is "")
+
+
+def header_frame(props: spec.Basic.Properties, body_size: int, channel: int) -> bytes:
+    """The content header frame pamqp marshals, built by hand when a message carries just a
+    content type, a delivery mode and a message id (the alert bus's and the `amqp` channel's):
+    pamqp's generic walk over the fourteen properties was half of a publish's client CPU."""
+    ctype, mode, mid = props.content_type, props.delivery_mode, props.message_id
+    if (type(ctype) is str and type(mode) is int and type(mid) is str and ctype and mid and 0 <= mode < 256
+            and (props.content_encoding, props.headers, props.priority, props.correlation_id, props.reply_to,
+                 props.expiration, props.timestamp, props.message_type, props.user_id, props.app_id,
+                 props.cluster_id) in _UNSET):
+        try:
+            c, m = ctype.encode(), mid.encode()
+        except UnicodeEncodeError:
+            c = m = b""  # pamqp raises its own error below
+        if 0 < len(c) < 256 and 0 < len(m) < 256:
+            head = _HEADER.pack(2, channel, 17 + len(c) + len(m), 60, 0, body_size, _FLAGS)
+            return b"".join((head, bytes((len(c),)), c, bytes((mode, len(m))), m, b"\xce"))
+    return pamqp.frame.marshal(ContentHeader(properties=props, body_size=body_size), channel)
 
 
 class Confirmations:
@@ -130,7 +155,7 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
             if not props.message_id:
                 props.message_id = uuid.uuid4().hex
             parts.append(publish)
-            parts.append(pamqp.frame.marshal(ContentHeader(properties=props, body_size=len(body)), number))
+            parts.append(header_frame(props, len(body), number))
             parts += [pamqp.frame.marshal(ContentBody(body[i:i + limit]), number) for i in range(0, len(body), limit)]
             channel.delivery_tag += 1
             tag = channel.delivery_tag
