@@ -206,26 +206,33 @@ async def test_firehose_found_off_is_turned_back_on_and_marked(settings: Setting
     assert gaps[0]["end"] > gaps[0]["start"]
 
 
-async def test_a_hung_firehose_check_does_not_hold_back_the_heartbeats(settings: Settings,
-                                                                      vhost: services.Vhost) -> None:
-    """The management API stops answering after the start: the check hangs, the recorder goes on
-    beating (a silence there would be an unaudited window while it was recording)."""
+async def test_a_slow_firehose_check_does_not_hold_back_the_heartbeats_a_hung_one_stops_them(
+        settings: Settings, vhost: services.Vhost) -> None:
+    """The management API stops answering: the recorder goes on beating while the firehose was
+    found on lately (a pause there would be a silence while it was recording), then stops, so
+    that the audit sees a silence where nobody knows whether it recorded; an answer resumes them."""
     declare(settings, echo=lambda _: None)
-    tracer = build(settings, heartbeat_seconds=0.2, check_seconds=0.1, linger_seconds=0.05)
-    hung = asyncio.Event()
+    tracer = build(settings, heartbeat_seconds=0.2, check_seconds=1.0, linger_seconds=0.05)
+    hung, answer = asyncio.Event(), asyncio.Event()
+    hung_at: list[float] = []
 
-    async def never_answers() -> bool:
+    async def answers_late() -> bool:
+        hung_at.append(time.time() * 1000)
         hung.set()
-        await asyncio.Event().wait()
+        await answer.wait()
         return True
 
     root = Path(settings.traces_dir)
+    beats_after = lambda t: lambda rs: [r for r in periodic_beats(rs) if r["ts"] > t]  # noqa: E731
     async with Running(tracer):
-        tracer.firehose.is_on = never_answers  # type: ignore[method-assign]
+        tracer.firehose.is_on = answers_late  # type: ignore[method-assign]
         await asyncio.wait_for(hung.wait(), 10)
-        since = time.time() * 1000
-        await wait_written(root, lambda rs: len([r for r in periodic_beats(rs) if r["ts"] > since]) >= 3,
-                           "three heartbeats while the firehose check hangs")
+        await wait_written(root, lambda rs: len(beats_after(hung_at[0])(rs)) >= 3, "heartbeats while the check hangs")
+        await wait_written(root, lambda rs: time.time() * 1000 - max(r["ts"] for r in periodic_beats(rs)) > 1500,
+                           "no heartbeat for 1.5 s once the firehose was not confirmed for 3 checks")
+        answer.set()
+        released = time.time() * 1000
+        await wait_written(root, beats_after(released), "heartbeats again once the check answers")
 
 
 def test_turn_on_uses_the_management_api(vhost: services.Vhost) -> None:

@@ -68,6 +68,8 @@ class Tracer:
         self._lock = asyncio.Lock()
         self._catching_up: int = 0
         self._gap_start: int | None = None
+        self._on_at = time.monotonic()  # when a check last found the firehose on (or turned it on)
+        self._on_at_ms: int | None = None
         self.recorded = 0
 
     # --- state: the last heartbeat survives restarts so the next start can mark the gap
@@ -161,7 +163,9 @@ class Tracer:
                     next_check = now + self.check_seconds
                     check = asyncio.create_task(self._ensure_on())
                     check.add_done_callback(_log_failed_check)
-                if now >= next_beat:
+                # A heartbeat says "recording": none while the firehose is not known to be on
+                # (a check that hangs), so that such a stretch is a silence to the audit.
+                if now >= next_beat and now - self._on_at <= 3 * self.check_seconds:
                     next_beat = now + self.heartbeat_seconds
                     self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
                                         "recorder": self.recorder, "vhost": self.firehose.vhost})
@@ -179,15 +183,22 @@ class Tracer:
                 check.cancel()
 
     async def _ensure_on(self) -> bool:
+        asked, asked_ms = time.monotonic(), now_ms()
         state = await self.firehose.is_on()
         if state:
+            self._on_at, self._on_at_ms = asked, asked_ms
             return True
-        if state is False:
-            # Off while we were consuming: a broker restart. Nothing was traced since.
-            last = self._last_heartbeat()
-            if last is not None:
-                self._gap(last, now_ms(), "firehose was off")
-        return await self.firehose.turn_on()
+        # Off while we were consuming (a broker restart): nothing was traced from the last
+        # check that found it on (before this process's first check, the last heartbeat)
+        # until it is on again.
+        last = self._on_at_ms if self._on_at_ms is not None else self._last_heartbeat()
+        turned_at, turned_at_ms = time.monotonic(), now_ms()
+        on = await self.firehose.turn_on()
+        if on:
+            self._on_at, self._on_at_ms = turned_at, turned_at_ms
+        if state is False and last is not None:
+            self._gap(last, now_ms(), "firehose was off")
+        return on
 
     def _on_reconnect(self, *_: Any) -> None:
         last = self._last_heartbeat()
