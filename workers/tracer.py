@@ -102,6 +102,12 @@ class Tracer:
             log.warning("torn tail truncated (a recorder died mid-write; its unacked records come back)",
                         path=str(path), kept_bytes=kept, cut_bytes=cut)
 
+    def _beat(self, event: str | None = None) -> None:
+        """A heartbeat record: periodic ones from the loop; `event` names the others."""
+        beat = {"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
+                "recorder": self.recorder, "vhost": self.firehose.vhost}
+        self._extra.append(beat if event is None else {**beat, "event": event})
+
     def _gap(self, start: int, end: int, reason: str) -> None:
         if end > start:
             log.warning("unrecorded window", start=start, end=end, reason=reason)
@@ -133,15 +139,13 @@ class Tracer:
                 self._gap_start = None
             connection.reconnect_callbacks.add(self._on_reconnect)
             await queue.consume(self._on_message)
-            self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                "recorder": self.recorder, "vhost": self.firehose.vhost, "event": "start"})
+            self._beat("start")
             await self.flush()
             life.ready()
             log.info("recording", dir=str(self.root), bindings=list(self.bindings), backlog=backlog)
             await self._loop(life)
         finally:
-            self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                "recorder": self.recorder, "vhost": self.firehose.vhost, "event": "stop"})
+            self._beat("stop")
             try:
                 await self.flush()
             finally:
@@ -167,16 +171,13 @@ class Tracer:
                 # (a check that hangs), so that such a stretch is a silence to the audit.
                 if now >= next_beat and now - self._on_at <= 3 * self.check_seconds:
                     next_beat = now + self.heartbeat_seconds
-                    self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                        "recorder": self.recorder, "vhost": self.firehose.vhost})
+                    self._beat()
                 if self._catching_up == 0 and self._gap_start is not None:
                     self._gap(self._gap_start, now_ms(), "backlog drained after restart")
                     self._gap_start = None
                     # Saved with the gap: a recorder killed before its next regular heartbeat
                     # hands its successor this moment, not the start of the closed outage.
-                    self._extra.append({"kind": "heartbeat", "ts": now_ms(), "interval": self.heartbeat_seconds,
-                                        "recorder": self.recorder, "vhost": self.firehose.vhost,
-                                        "event": "caught up"})
+                    self._beat("caught up")
                 await self.flush()
         finally:
             if check is not None:
@@ -191,12 +192,14 @@ class Tracer:
         # Off while we were consuming (a broker restart): nothing was traced from the last
         # check that found it on (before this process's first check, the last heartbeat)
         # until it is on again.
-        last = self._on_at_ms if self._on_at_ms is not None else self._last_heartbeat()
+        last = None  # the API unreadable (`None`): not known to be off, no gap
+        if state is False:
+            last = self._on_at_ms if self._on_at_ms is not None else self._last_heartbeat()
         turned_at, turned_at_ms = time.monotonic(), now_ms()
         on = await self.firehose.turn_on()
         if on:
             self._on_at, self._on_at_ms = turned_at, turned_at_ms
-        if state is False and last is not None:
+        if last is not None:
             self._gap(last, now_ms(), "firehose was off")
         return on
 
