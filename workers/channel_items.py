@@ -12,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import aio_pika.abc
-import msgspec
 
-from aldebaran.channels.base import Alert, UnreadableAlert
-from aldebaran.io.alert_bus import split_alerts
+from aldebaran.channels.base import Alert, read_alerts
 
 
 @dataclass(slots=True, eq=False)
@@ -55,17 +53,7 @@ class Unreadable:
 def read(message: aio_pika.abc.AbstractIncomingMessage) -> tuple[Envelope, list[Item], list[Unreadable]]:
     """The alerts of one message; what cannot be read is set apart, the rest go on."""
     envelope = Envelope(message)
-    try:
-        parts = split_alerts(message.body)
-    except (msgspec.DecodeError, ValueError) as exc:
-        reason = f"unreadable alert: not JSON: {exc}"
-        return envelope, [], [Unreadable(envelope, message.body, message.message_id, reason)]
-    items: list[Item] = []
-    unreadable: list[Unreadable] = []
-    for raw in parts:
-        try:
-            items.append(Item(envelope, Alert.parse(raw, message.message_id if len(parts) == 1 else None)))
-        except UnreadableAlert as exc:
-            unreadable.append(Unreadable(envelope, raw, message.message_id, f"unreadable alert: {exc}"))
+    alerts, bad = read_alerts(message.body, message.message_id)
+    items = [Item(envelope, alert) for alert in alerts]
     envelope.pending = len(items)
-    return envelope, items, unreadable
+    return envelope, items, [Unreadable(envelope, raw, message.message_id, reason) for raw, reason in bad]

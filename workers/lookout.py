@@ -19,10 +19,9 @@ from contextlib import suppress
 
 import aio_pika
 import aio_pika.abc
-import msgspec
 
-from aldebaran.channels.base import Alert, UnreadableAlert
-from aldebaran.io.alert_bus import publish_alerts, split_alerts
+from aldebaran.channels.base import Alert, read_alerts
+from aldebaran.io.alert_bus import publish_alerts
 from aldebaran.io.amqp import connect as connect_amqp
 from aldebaran.io.dead_letter import dead_letter
 from aldebaran.log import get_logger
@@ -141,23 +140,13 @@ class Lookout:
 
 def _read(body: bytes, message_id: str | None, alerts: dict[str, Alert],
           unreadable: list[tuple[bytes, str | None, str]]) -> int:
-    """Add the alerts of one message (an object, or a batch array: CONTRACT §3) to `alerts`
-    (first copy wins) and its unreadable parts to `unreadable`; returns how many alerts it held."""
-    try:
-        parts = split_alerts(body)
-    except (msgspec.DecodeError, ValueError) as exc:
-        unreadable.append((body, message_id, f"unreadable alert: not JSON: {exc}"))
-        return 0
-    count = 0
-    for raw in parts:
-        try:
-            alert = Alert.parse(raw, message_id if len(parts) == 1 else None)
-        except UnreadableAlert as exc:
-            unreadable.append((raw, message_id, f"unreadable alert: {exc}"))
-            continue
+    """Add the alerts of one message to `alerts` (first copy wins) and its unreadable parts
+    to `unreadable`; returns how many alerts it held."""
+    found, bad = read_alerts(body, message_id)
+    for alert in found:
         alerts.setdefault(alert.alert_id, alert)
-        count += 1
-    return count
+    unreadable += [(raw, message_id, reason) for raw, reason in bad]
+    return len(found)
 
 
 def build(settings: Settings, name: str | None = None) -> Lookout:

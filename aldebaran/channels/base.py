@@ -19,6 +19,7 @@ import aio_pika
 import aio_pika.abc
 import msgspec
 
+from aldebaran.io.alert_bus import split_alerts
 from aldebaran.io.amqp import persistent
 from declare.topology import REASON_HEADER, channel_dead_letter
 
@@ -88,6 +89,58 @@ class Alert:
                            if name not in skip and isinstance(value, (str, int, float, type(None))))
         return f"{fields.get('kind', 'alert')}: {details} ({self.alert_id})"
 
+
+
+_decode_heads = msgspec.json.Decoder(list[_Head]).decode
+_decode_raws = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_SURELY_SHORT = MAX_ALERT_ID_BYTES // 4  # characters: no UTF-8 encoding of these is over the bound
+
+
+def read_alerts(body: bytes, message_id: str | None) -> tuple[list[Alert], list[tuple[bytes, str]]]:
+    """The alerts of one message (an object, or a batch array: CONTRACT §3) and its unreadable
+    parts, each with the reason it is parked for; never raises.
+
+    A batch is decoded twice in C (the elements' bytes, then their ids) instead of once per
+    alert in Python: 1.1 against 2.6 µs per alert. Whatever that path cannot judge at a glance
+    goes through `Alert.parse`, which alone words the reasons.
+    """
+    if body.lstrip()[:1] == b"[":
+        try:
+            raws, heads = _decode_raws(body), _decode_heads(body)
+        except msgspec.DecodeError:  # not JSON, or an element that is no object: judged one by one
+            pass
+        else:
+            lone = message_id if len(raws) == 1 else None
+            alerts: list[Alert] = []
+            unreadable: list[tuple[bytes, str]] = []
+            for raw, head in zip(raws, heads, strict=True):
+                alert_id = head.alert_id or lone
+                if alert_id.__class__ is str and 0 < len(alert_id) <= _SURELY_SHORT:
+                    alerts.append(Alert(alert_id, bytes(raw)))
+                else:
+                    _read_one(bytes(raw), lone, alerts, unreadable)
+            return alerts, unreadable
+    return _read_slowly(body, message_id)
+
+
+def _read_slowly(body: bytes, message_id: str | None) -> tuple[list[Alert], list[tuple[bytes, str]]]:
+    alerts: list[Alert] = []
+    unreadable: list[tuple[bytes, str]] = []
+    try:
+        parts = split_alerts(body)
+    except (msgspec.DecodeError, ValueError) as exc:
+        return alerts, [(body, f"unreadable alert: not JSON: {exc}")]
+    lone = message_id if len(parts) == 1 else None
+    for raw in parts:
+        _read_one(raw, lone, alerts, unreadable)
+    return alerts, unreadable
+
+
+def _read_one(raw: bytes, message_id: str | None, alerts: list[Alert], unreadable: list[tuple[bytes, str]]) -> None:
+    try:
+        alerts.append(Alert.parse(raw, message_id))
+    except UnreadableAlert as exc:
+        unreadable.append((raw, f"unreadable alert: {exc}"))
 
 class Sink(Protocol):
     """One delivery channel's recipient side.
