@@ -5,7 +5,7 @@ A held stream flows from a failover publisher through `aldebaran up --no-tracer`
 busiest queues (the ingress), later starts it again, and checks what the channel sink
 (a real HTTP recipient behind a `webhook` channel) received against the alerts computed
 offline: every expected alert exactly once. The alert tap (a quorum queue bound to the
-alert exchange) must hold every alert too; copies there are reported, not failed: the
+alert exchange) must hold every alert too, within `TAP_SECONDS` of the webhook; copies there are reported, not failed: the
 alert exchange is at-least-once, the channel deliverers are where duplicates die.
 
 Run alone: `.venv/bin/python -m pytest -m cluster -q -s tests/cluster/test_node_loss.py`
@@ -48,6 +48,7 @@ RATE = float(os.environ.get("CLUSTER_RATE", "75"))  # events/s offered: the stre
 STOP_AT = 0.25  # share of the stream published when the leader's node is stopped
 DOWN_SECONDS = 8.0  # how long it stays down; the stream flows through the stop and the return
 TAP = "test.cluster-alert-tap"
+TAP_SECONDS = 30.0  # the longest the tap may lag the webhook before a missing alert is lost
 
 
 def _load_testbed():
@@ -172,6 +173,19 @@ def _drain_tap(urls: list[str]) -> list[str]:
     raise AssertionError("no cluster node answers")
 
 
+def _tap_alerts(urls: list[str], expected: set[str], timeout: float = TAP_SECONDS) -> tuple[list[str], float]:
+    """What the tap holds once it holds every expected alert, or when `timeout` has passed; and
+    after how many seconds. A quorum queue whose leader was on the stopped node can take the
+    publishes confirmed meanwhile only after the cluster settles (seen once: 5 of 258 missing
+    at the first look while the webhook had all of them)."""
+    started = time.monotonic()
+    ids = _drain_tap(urls)
+    while not expected <= set(ids) and time.monotonic() - started < timeout:
+        time.sleep(0.5)
+        ids += _drain_tap(urls)
+    return ids, time.monotonic() - started
+
+
 def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redis_prefix: str, tmp_path: Path) -> None:
     urls: list[str] = cluster.urls
     config = tmp_path / "channels.toml"
@@ -231,7 +245,8 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redi
         monitor.done.set()
         up_log = pipeline.log()
     report = check("webhook", stream.expected, recipient.deliveries())
-    tap = check("alert tap", stream.expected, _drain_tap(urls))
+    tap_ids, tap_seconds = _tap_alerts(urls, stream.expected)
+    tap = check("alert tap", stream.expected, tap_ids)
 
     # Recovery: the longest stretch without a publisher confirm after the stop began,
     # and when the sink got its first alert after the stop.
@@ -254,7 +269,7 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redi
     print(monitor.table(stop_started, {"<stop": stop_started, "stopped": stop_done, "<restart": restart_started,
                                        "back": back, "stream-end": stream_done}))
     print(report.line())
-    print(tap.line())
+    print(tap.line() + f" ({tap_seconds:.1f}s of looking, from 3 s after the webhook had every alert)")
     print(f"worker reconnects logged: {up_log.count('reconnected to broker')}")
     assert report.ok, report.line() + "\n" + up_log[-4000:]
     assert not tap.lost and not tap.unexpected, tap.line()
