@@ -8,12 +8,13 @@ setup:
 demo: setup
 	.venv/bin/aldebaran demo
 
-# Three pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU;
-# the Spark tests share two of them, one JVM each (tests/conftest.py). Four were 578-608 s
-# against three's 614 s on a slowed host, and the more loaded box broke a timing margin once.
+# Four pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU;
+# the Spark tests share two of them, one JVM each (tests/conftest.py). On 2026-11-28's slow
+# host three took 650-654 s (over ten minutes) and four 595 s, every test passing
+# (docs/reliability.md, "Runtime"); once before, a more loaded box broke a timing margin.
 test:
 	SETUP_TEST_TOOLS=1 bash deploy/setup.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --durations=15
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup --durations=15
 
 # The three-node cluster test alone (it is part of `make test` too).
 test-cluster: setup
