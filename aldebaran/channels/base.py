@@ -90,7 +90,6 @@ class Alert:
         return f"{fields.get('kind', 'alert')}: {details} ({self.alert_id})"
 
 
-
 _decode_heads = msgspec.json.Decoder(list[_Head]).decode
 _decode_raws = msgspec.json.Decoder(list[msgspec.Raw]).decode
 _SURELY_SHORT = MAX_ALERT_ID_BYTES // 4  # characters: no UTF-8 encoding of these is over the bound
@@ -141,6 +140,7 @@ def _read_one(raw: bytes, message_id: str | None, alerts: list[Alert], unreadabl
         alerts.append(Alert.parse(raw, message_id))
     except UnreadableAlert as exc:
         unreadable.append((raw, f"unreadable alert: {exc}"))
+
 
 class Sink(Protocol):
     """One delivery channel's recipient side.

@@ -5,8 +5,9 @@ A held stream flows from a failover publisher through `aldebaran up --no-tracer`
 busiest queues (the ingress), later starts it again, and checks what the channel sink
 (a real HTTP recipient behind a `webhook` channel) received against the alerts computed
 offline: every expected alert exactly once. The alert tap (a quorum queue bound to the
-alert exchange) must hold every alert too, within `TAP_SECONDS` of the webhook; copies there are reported, not failed: the
-alert exchange is at-least-once, the channel deliverers are where duplicates die.
+alert exchange) must hold every alert too, within `TAP_SECONDS` of the webhook; copies there
+are reported, not failed: the alert exchange is at-least-once, the channel deliverers are
+where duplicates die.
 
 Run alone: `.venv/bin/python -m pytest -m cluster -q -s tests/cluster/test_node_loss.py`
 """
@@ -179,10 +180,13 @@ def _tap_alerts(urls: list[str], expected: set[str], timeout: float = TAP_SECOND
     publishes confirmed meanwhile only after the cluster settles (seen once: 5 of 258 missing
     at the first look while the webhook had all of them)."""
     started = time.monotonic()
-    ids = _drain_tap(urls)
-    while not expected <= set(ids) and time.monotonic() - started < timeout:
-        time.sleep(0.5)
-        ids += _drain_tap(urls)
+    ids: list[str] = []
+
+    def holds_all() -> bool:
+        ids.extend(_drain_tap(urls))
+        return expected <= set(ids)
+
+    wait_until(holds_all, "every alert in the tap", timeout, pause=0.5, required=False)
     return ids, time.monotonic() - started
 
 
