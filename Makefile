@@ -10,7 +10,7 @@ demo: setup
 
 # Four pytest workers: most tests wait on RabbitMQ, Redis and private brokers, not on CPU;
 # the Spark tests share two of them, one JVM each (tests/conftest.py). On 2026-11-28's slow
-# host three took 650-654 s (over ten minutes) and four 595-627 s in three runs, every test
+# host three took 650-654 s (over ten minutes) and four 595-627 s in four runs, every test
 # passing (docs/reliability.md, "Runtime"); once before, a more loaded box broke a timing margin.
 test:
 	SETUP_TEST_TOOLS=1 bash deploy/setup.sh
