@@ -23,6 +23,9 @@ ALERTS_DEDUPLICATED = Counter("aldebaran_alerts_deduplicated_total", "Alerts sup
 ALERTS_RECOVERED = Counter("aldebaran_alerts_recovered_total",
                            "Per-order alerts found pending after a crash, by how they were settled (witnessed in "
                            "the book queue: not published again; published: no witness)", ["outcome"])
+ALERTS_UNCONFIRMED = Counter("aldebaran_alerts_unconfirmed_total",
+                             "Alerts whose publish the broker did not confirm (a nack, a lost connection): "
+                             "their witness proves nothing, they are published again")
 ALERTS_DELIVERED = Counter("aldebaran_alerts_delivered_total", "Alerts delivered to a channel's recipient", ["channel"])
 DELIVERY_RETRIES = Counter("aldebaran_delivery_retries_total", "Failed delivery attempts that will be retried",
                            ["channel"])

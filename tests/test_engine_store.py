@@ -78,6 +78,34 @@ async def test_settling_witnessed_alerts_keeps_the_rest_of_their_entries_pending
     assert await store.redis.lrange(store.keys.recent_alerts(), 0, -1) == [b"{d}", b"{b}"]
 
 
+async def test_a_refused_entry_is_not_settled_by_its_witness_and_leaves_when_marked_sent(store: EngineStore) -> None:
+    """A nacked batch may sit in the witness queue and not in another queue: its witness
+    proves nothing, so its entry stays whole until a confirmed publish marks it sent."""
+    refused = await store.commit(b"r1", ["a", "b"], [b"{a}", b"{b}"])
+    confirmed = await store.commit(b"r2", ["c"], [b"{c}"])
+    assert refused.entry is not None and confirmed.entry is not None
+    await store.refuse([refused.entry, "owner-a#gone"])  # an entry no longer pending is not listed
+    assert await store.redis.smembers(store._refused) == {refused.entry.encode()}
+    loaded = await store.outbox()
+    assert loaded.refused == {refused.entry}
+    witnessed = {"a": b"{a}", "c": b"{c}"}
+    assert await store.settle(loaded, witnessed) == 1
+    left = loaded.without(witnessed)
+    assert left.entries == {refused.entry: [("a", b"{a}"), ("b", b"{b}")]} and left.refused == {refused.entry}
+    assert (await store.outbox()).entries == left.entries
+    await store.mark_sent(list(left.entries), list(left.alerts.values()))
+    assert not await store.redis.exists(store._pending) and not await store.redis.exists(store._refused)
+
+
+async def test_an_owner_that_lost_the_lease_lists_nothing_as_refused(store: EngineStore) -> None:
+    committed = await store.commit(b"r1", ["a"], [b"{a}"])
+    assert committed.entry is not None
+    await store.redis.set(store._owner, "owner-b")
+    with pytest.raises(Fenced):
+        await store.refuse([committed.entry])
+    assert not await store.redis.exists(store._refused)
+
+
 async def test_an_owner_that_lost_the_lease_settles_nothing(store: EngineStore) -> None:
     """Recovery settles what it loaded; an engine that lost the lease meanwhile (a long replay)
     must not touch the outbox, where the new owner's entries now are."""

@@ -192,9 +192,12 @@ class BookConsumer:
         self.first_event.set()
 
     async def _on_witness(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        """An alert of this book went out before a crash: settle it, never publish it again."""
+        """An alert of this book went out before a crash: settle it, never publish it again.
+        The witness of a publish the broker refused proves nothing: the alert goes out again."""
         alert_id = message.message_id or ""
-        await self.manager.outbox.settle(alert_id)
+        if not await self.manager.outbox.settle(alert_id):
+            await message.ack()
+            return
         self.doubts.pop(alert_id, None)
         await message.ack()
         if not self.doubts and self.book is not None and self.book.final and not self.done:

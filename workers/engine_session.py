@@ -26,7 +26,7 @@ from aldebaran.io.engine_store import Committed, Outbox
 from aldebaran.io.handover import hand_over
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
-from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, BATCH_EVENTS, PROCESSING_LATENCY
+from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, ALERTS_UNCONFIRMED, BATCH_EVENTS, PROCESSING_LATENCY
 from aldebaran.runtime_tuning import collect_when_idle
 from declare.declarer import declare_async
 from declare.topology import TRADE_DATA, engine_partition_queue
@@ -238,7 +238,7 @@ class Session:
         try:
             sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason, _ in output.rejects]
             if output.alert_ids:
-                sends.append(publish_alerts(self.out, output.alert_ids, output.bodies, witness=self.witness_queue))
+                sends.append(self._publish([output.entry] if output.entry else [], output.alert_ids, output.bodies))
             if output.handovers:
                 sends.append(hand_over(self.out, output.handovers))
             if sends:
@@ -272,6 +272,24 @@ class Session:
             if self.batcher.ready:
                 self.arrived.set()
 
+    async def _publish(self, entries: list[str], alert_ids: list[str], bodies: list[bytes]) -> None:
+        """Publish outbox entries' alerts with their witness. Unconfirmed (a nack, a connection
+        lost), the witness proves nothing: one queue may hold the batch and another not, so the
+        entries are listed as refused before the failure ends the session, and are published again."""
+        try:
+            await publish_alerts(self.out, alert_ids, bodies, witness=self.witness_queue)
+        except Exception as exc:
+            try:
+                await self.store.refuse(entries)
+            except Exception as store_exc:  # noqa: BLE001 - the publish's failure is the one raised
+                log.error("alert publish not confirmed and not recorded as refused: a witness may settle "
+                          "these alerts after a restart", entries=entries, error=repr(store_exc))
+            else:
+                ALERTS_UNCONFIRMED.inc(len(alert_ids))
+                log.warning("alert publish not confirmed: published again after the restart",
+                            count=len(alert_ids), error=repr(exc))
+            raise
+
     def _alert_latency(self, output: CycleOutput) -> None:
         if not output.oldest_published_ms:
             return
@@ -298,7 +316,7 @@ class Session:
             return
         pending = outbox.alerts
         ids, bodies = list(pending), list(pending.values())
-        await publish_alerts(self.out, ids, bodies, witness=self.witness_queue)  # an entry is never empty
+        await self._publish(list(outbox.entries), ids, bodies)  # an entry is never empty
         await self.store.mark_sent(list(outbox.entries), bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 

@@ -9,7 +9,11 @@ fires once, ever), the new ones together as one entry of the pending outbox. Aft
 broker confirms the alert batch, `mark_sent` drops that entry: one key operation per alert
 and two per cycle, where an entry per alert cost four per alert. Whatever is still pending
 after a crash is settled by the next owner before it consumes anything: marked sent when a
-witness shows it on the bus (`settle`), published otherwise (docs/engine.md).
+witness shows it on the bus (`settle`), published otherwise (docs/engine.md). A witness is
+proof only of a confirmed publish: when the broker nacks a batch or the connection dies
+before its confirm, one queue may hold it and another not (a quorum queue without a
+leader refuses while the witness queue takes it), so the engine lists the entry as
+`refused` (`refuse`) and no witness settles it: it is published again.
 
 The commit and the compaction carry an operation id and remember the last one applied
 (`engine:last-op`): redis-py re-sends a command whose reply was lost (a connection
@@ -53,6 +57,7 @@ class Outbox:
     """The alerts recorded and not yet marked sent, by the outbox entry holding them."""
 
     entries: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)  # entry -> [(alert id, body)]
+    refused: set[str] = field(default_factory=set)  # entries whose publish was not confirmed: no witness counts
 
     @property
     def alerts(self) -> dict[str, bytes]:
@@ -61,9 +66,10 @@ class Outbox:
 
     def without(self, settled: Mapping[str, bytes]) -> Outbox:
         """The entries without the alerts in `settled`, as `EngineStore.settle` leaves them (an
-        entry left empty is gone)."""
-        left = {entry: [a for a in alerts if a[0] not in settled] for entry, alerts in self.entries.items()}
-        return Outbox({entry: alerts for entry, alerts in left.items() if alerts})
+        entry left empty is gone; a refused entry stays whole)."""
+        left = {entry: alerts if entry in self.refused else [a for a in alerts if a[0] not in settled]
+                for entry, alerts in self.entries.items()}
+        return Outbox({entry: alerts for entry, alerts in left.items() if alerts}, self.refused & left.keys())
 
 
 class EngineStore:
@@ -81,11 +87,12 @@ class EngineStore:
         self._owner, self._wal = key("owner"), key("wal")
         self._done, self._pending = key("done"), key("pending")  # `done`: the one-blob image of before
         self._done_groups, self._done_clock = key("done-groups"), key("done-clock")
-        self._last_op = key("last-op")
+        self._last_op, self._refused = key("last-op"), key("refused")
         self._ops = 0
         self._commit = redis.register_script(_COMMIT)
         self._settle = redis.register_script(_SETTLE)
         self._compact = redis.register_script(_COMPACT)
+        self._refuse = redis.register_script(_REFUSE)
         self._renew = redis.register_script(_RENEW)
 
     async def acquire(self) -> bool:
@@ -130,6 +137,9 @@ class EngineStore:
                 outbox.entries[entry] = [(entry[len(prefix):], as_bytes(value))]
             else:
                 outbox.entries[entry] = _entry_alerts(as_bytes(value))
+        names = await self.redis.smembers(self._refused)
+        refused = {name.decode() if isinstance(name, bytes) else name for name in names}
+        outbox.refused = refused & outbox.entries.keys()
         return outbox
 
     async def _load_done(self) -> DoneImage | None:
@@ -168,10 +178,21 @@ class EngineStore:
         recent = self.keys.recent_alerts()
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self._pending, *entries)
+            pipe.srem(self._refused, *entries)
             if bodies:
                 pipe.lpush(recent, *bodies[-RECENT_ALERTS:])
                 pipe.ltrim(recent, 0, RECENT_ALERTS - 1)
             await pipe.execute()
+
+    async def refuse(self, entries: Sequence[str]) -> None:
+        """The broker did not confirm these entries' publish: a witness of them proves nothing.
+        Fenced; only entries still pending are listed, so the list never outgrows the outbox."""
+        if not entries:
+            return
+        try:
+            await self._refuse(keys=[self._owner, self._pending, self._refused], args=[self.token, *entries])
+        except ResponseError as exc:
+            raise _fenced(exc) from None
 
     async def settle(self, outbox: Outbox, witnessed: Mapping[str, bytes]) -> int:
         """A witness shows these alerts on the bus: those of `outbox` (as loaded) leave their entries,
@@ -271,6 +292,15 @@ local flags = table.concat(out)
 if new then redis.call('HSET', KEYS[3], ARGV[5], flags .. ':' .. ARGV[6]) end
 redis.call('SET', KEYS[4], tag .. flags)
 return flags
+"""
+
+# KEYS: owner, pending, refused set. ARGV: token, then the entries whose publish was not confirmed.
+_REFUSE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED: not the engine owner') end
+for i = 2, #ARGV do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 1 then redis.call('SADD', KEYS[3], ARGV[i]) end
+end
+return 1
 """
 
 # KEYS: owner, pending, recent list. ARGV: token, recent length, n, then n (entry, what is left of it:
