@@ -7,8 +7,10 @@ tests/faults/test_kill_up.py). Every alert batch is now published with a `BCC` t
 `aldebaran.engine.witness`, a queue bound to the alert exchange under its own name: the
 broker routes one publish to both queues or to neither. Before it publishes what is still
 pending, a new owner reads the witnesses, marks every alert they hold sent, and publishes
-only the rest. The owner also reads them at each compaction, so the queue stays short.
-Only the lease holder reads this queue (after a fenced compaction, never before).
+only the rest, save the entries whose publish the broker did not confirm: a nacked batch
+may sit in the witness queue and not in another (`EngineStore.refuse`). The owner also
+reads them at each compaction, so the queue stays short. Only the lease holder reads this
+queue (after a fenced compaction, never before).
 """
 
 from __future__ import annotations
