@@ -19,9 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aldebaran.apps import load_rules
+from aldebaran.bench.pure import fresh_engine
 from aldebaran.bench.workload import build
-from aldebaran.core.engine import Engine
 from aldebaran.core.wal import WalMessage
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
@@ -32,9 +31,7 @@ WARM_UP = 100
 
 def one_round(settings: Settings, messages: list[WalMessage], pause: float) -> tuple[float, float]:
     """A fresh engine over `messages`, one per cycle: mean CPU ms of begin and of finish."""
-    config = settings.engine
-    engine = Engine(load_rules(settings), settings.book_ttl_seconds, config.done_retention_seconds,
-                    config.done_max_markers, settings.max_message_bytes)
+    engine = fresh_engine(settings)
     now = datetime.now(UTC)
     begin = finish = 0.0
     for index, message in enumerate(messages):
