@@ -7,27 +7,32 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from spark_analytics import class_archive
+
 # Under this many compressed trace bytes (~1M trade events in 1000-event batches) the local JVM
 # compiles with C1 only: a short audit spends more on C2 compiling Spark than C2 gives back
 # (docs/audit.md, "The JIT of a small audit").
 SMALL_INPUT_BYTES = 16 << 20
 
 
-def local_java_options(input_bytes: int | None) -> str:
+def local_java_options(input_bytes: int | None, classes: str | None = None) -> str:
     """The local JVM's options. A batch job on a heap it keeps: the throughput collector, not G1
     (no concurrent marking, cheaper write barriers, less code for C2 to compile): ~10 s less CPU
-    of ~150 at 10M events. A small input (`SMALL_INPUT_BYTES`): no C2 at all."""
+    of ~150 at 10M events. A small input (`SMALL_INPUT_BYTES`): no C2 at all. `classes`: the
+    class archive's options (None: the archive `class_archive` built for this JVM, if any)."""
     small = input_bytes is not None and input_bytes < SMALL_INPUT_BYTES
-    return "-XX:+UseParallelGC" + (" -XX:TieredStopAtLevel=1" if small else "")
+    archive = class_archive.java_options() if classes is None else classes
+    return " ".join(filter(None, ["-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1" if small else "", archive]))
 
 
 def spark_session(master: str | None = None, app_name: str = "aldebaran-audit", memory: str = "2g",
-                  input_bytes: int | None = None) -> SparkSession:
+                  input_bytes: int | None = None, classes: str | None = None) -> SparkSession:
     """Local runs bind to 127.0.0.1 (the hostname resolves oddly) and keep the UI off.
 
     `master=None` keeps whatever spark-submit configured (a cluster); locally it is
     `local[2]`. `memory` is the driver's heap (in local mode, the executors' too).
-    `input_bytes`: the compressed size of the traces to read, when known (`local_java_options`).
+    `input_bytes`: the compressed size of the traces to read, when known; `classes`: the class
+    archive's JVM options (`local_java_options`).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must see the same packages as the driver (msgspec for msgpack).
@@ -61,7 +66,7 @@ def spark_session(master: str | None = None, app_name: str = "aldebaran-audit", 
     if master:
         builder = builder.master(master)
     if master and master.startswith("local"):
-        builder = builder.config("spark.driver.extraJavaOptions", local_java_options(input_bytes))
+        builder = builder.config("spark.driver.extraJavaOptions", local_java_options(input_bytes, classes))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -33,8 +33,8 @@ def test_input_bytes_counts_the_part_files_of_the_window_and_its_margin_only(tmp
 
 def test_a_small_input_compiles_with_c1_alone_and_a_night_of_traffic_with_c2(tmp_path: Path) -> None:
     part(tmp_path, T0, SMALL_INPUT_BYTES - 1)
-    small = local_java_options(input_bytes(AuditOptions(traces_dir=str(tmp_path))))
+    small = local_java_options(input_bytes(AuditOptions(traces_dir=str(tmp_path))), classes="")
     part(tmp_path, T0 + HOUR_MS, 1)
-    large = local_java_options(input_bytes(AuditOptions(traces_dir=str(tmp_path))))
+    large = local_java_options(input_bytes(AuditOptions(traces_dir=str(tmp_path))), classes="")
     assert small == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
-    assert large == local_java_options(None) == "-XX:+UseParallelGC"
+    assert large == local_java_options(None, classes="") == "-XX:+UseParallelGC"
