@@ -4,8 +4,8 @@ A local audit's JVM spends seconds before it reads a trace: it parses and verifi
 thousands of classes of Spark, Hadoop and their libraries every time. Java 17 can dump the
 classes one run loaded into an archive (`-XX:ArchiveClassesAtExit`) that later runs map
 instead (`-XX:SharedArchiveFile`). Measured on this machine (docs/audit.md, "The class
-archive"): a 300,000-event audit 17.0-17.7 s without it, 13.4-13.6 s with it; a 10M-event one
-51.2-52.0 s, 49.0-49.2 s.
+archive"): a 300,000-event audit 17.4-18.7 s without it, 13.7-13.8 s with it; a 10M-event one
+49.7-51.1 s, 46.9-47.7 s.
 
 An archive fits one JVM build and one set of Spark jars, so its name carries both, and
 `deploy/setup.sh` builds the one that fits (again after an upgrade of either). A JVM handed
