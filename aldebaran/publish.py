@@ -8,12 +8,12 @@ its reason — the publisher is not the judge.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Iterable, Iterator
 from typing import IO
 
 from aldebaran.io.publisher import Body, publish_bodies
+from aldebaran.runtime_tuning import run
 from aldebaran.settings import Settings
 from aldebaran.trades.codec import MSGPACK, decode_message, encode_json, encode_msgpack
 from aldebaran.trades.events import TradeEvent
@@ -79,7 +79,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115 - closed by the `with`
     with stream, Progress(console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("publishing events", total=None)
-        report = asyncio.run(publish_bodies(
+        report = run(publish_bodies(
             settings, read_lines(stream, max(1, args.batch), args.format), rate=args.rate,
             progress=lambda n: progress.advance(task, n)))
     console.print(f"published {report.events} events in {report.messages} messages, "

@@ -1,4 +1,9 @@
-"""Interpreter tuning for the hot-path worker (the engine).
+"""Interpreter tuning: the event loop of every long-running process, the engine's collector.
+
+The event loop is uvloop's wherever it is installed (a dependency on Linux): its sockets and
+callbacks are C. The workers always ran on it; the trade publisher (`aldebaran publish`, the
+bench's paced publisher) and the bench's floor consumer did not, and the paced publisher spent
+~10 % more CPU on asyncio's own loop (docs/benchmarks.md, "2026-11-28 midday").
 
 Python's cyclic GC scans every tracked object on each full collection; the engine
 holds hundreds of thousands of books (dataclasses, sets, lists), so with the default
@@ -15,7 +20,12 @@ never idles and falls back to the automatic collector.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 GC_THRESHOLDS = (100_000, 50, 100)
 IDLE_YOUNG = 10_000  # young objects the idle engine collects at (a tenth of the automatic threshold)
@@ -41,3 +51,12 @@ def collect_when_idle() -> int | None:
         generation = 2 if old + 1 > GC_THRESHOLDS[2] else 1
     gc.collect(generation)
     return generation
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` on uvloop's event loop when uvloop is installed."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(main)
+    return uvloop.run(main)

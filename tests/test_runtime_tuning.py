@@ -49,3 +49,15 @@ def test_older_generations_follow_the_automatic_collectors_thresholds(manual_gc:
     kept += _young(IDLE_YOUNG)
     assert collect_when_idle() == 2
     assert gc.get_count()[1:] == (0, 0)
+
+
+def test_processes_run_their_coroutine_on_uvloop() -> None:
+    import asyncio
+
+    from aldebaran.runtime_tuning import run
+
+    async def loop_module() -> str:
+        await asyncio.sleep(0)
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(loop_module()).startswith("uvloop")

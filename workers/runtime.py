@@ -20,6 +20,7 @@ from aldebaran import systemd
 from aldebaran.errors import AldebaranError, ExitCode
 from aldebaran.log import get_logger
 from aldebaran.metrics import serve as serve_metrics
+from aldebaran.runtime_tuning import run
 from aldebaran.settings import Settings, mask_url
 
 log = get_logger("runtime")
@@ -48,13 +49,7 @@ class Worker(Protocol):
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     """Run workers until a signal or a crash; returns the process exit status."""
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
-    return asyncio.run(_supervise(settings, list(workers)))
+    return run(_supervise(settings, list(workers)))
 
 
 async def _supervise(settings: Settings, workers: list[Worker]) -> int:

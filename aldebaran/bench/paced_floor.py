@@ -23,6 +23,7 @@ import aiormq.abc
 
 from aldebaran.io.latency_samples import LatencySamples
 from aldebaran.io.publisher import published_ms
+from aldebaran.runtime_tuning import run
 from aldebaran.settings import Settings
 from declare.topology import TRADE_DATA
 
@@ -56,7 +57,7 @@ async def consume(settings: Settings, samples: LatencySamples, messages: int) ->
 
 def main(argv: list[str]) -> int:
     directory, messages = argv[0], int(argv[1])
-    asyncio.run(consume(Settings(), LatencySamples(directory), messages))
+    run(consume(Settings(), LatencySamples(directory), messages))
     return 0
 
 

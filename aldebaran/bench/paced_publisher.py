@@ -13,7 +13,6 @@ publishes them at RATE events/s and prints the number of events it published.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import msgspec
 
 from aldebaran.io.publisher import Body, publish_bodies
+from aldebaran.runtime_tuning import run
 from aldebaran.settings import Settings
 
 
@@ -35,7 +35,7 @@ def read_bodies(path: Path) -> list[Body]:
 
 def main(argv: list[str]) -> int:
     path, rate = Path(argv[0]), float(argv[1])
-    report = asyncio.run(publish_bodies(Settings(), read_bodies(path), rate=rate))
+    report = run(publish_bodies(Settings(), read_bodies(path), rate=rate))
     print(report.events, flush=True)
     return 0
 
