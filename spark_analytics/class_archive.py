@@ -7,12 +7,13 @@ instead (`-XX:SharedArchiveFile`). Measured on this machine (docs/audit.md, "The
 archive"): a 300,000-event audit 17.4-18.7 s without it, 13.7-13.8 s with it; a 10M-event one
 49.7-51.1 s, 46.9-47.7 s.
 
-An archive fits one JVM build and one set of Spark jars, so its name carries both, and
-`deploy/setup.sh` builds the one that fits (again after an upgrade of either). A JVM handed
-an archive of another build refuses it and runs without; a JVM handed a truncated archive
-crashes (SIGBUS in `FileMapInfo::relocate_pointers_in_core_regions`, seen on 17.0.15). So an
-archive is dumped under a temporary name, used once by a fresh JVM as its check, and only then
-renamed into place: a half-written one is never where an audit looks.
+An archive fits one JVM build and one set of Spark jars, so its name carries both; it is built
+once after installing (docs/operations.md; `make test`'s set-up does it), again after an upgrade
+of either. A JVM handed an archive of another build refuses it and runs without; a JVM handed a
+truncated archive crashes (SIGBUS in `FileMapInfo::relocate_pointers_in_core_regions`, seen on
+17.0.15). So an archive is dumped under a temporary name, mapped by a fresh JVM that must use it
+(`-Xshare:on`) and run a job, and only then renamed into place: a half-written or unusable one
+is never where an audit looks.
 
     python -m spark_analytics.class_archive [--force]
 """

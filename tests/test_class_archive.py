@@ -53,26 +53,51 @@ def _check(archive: Path) -> int:
                           capture_output=True, timeout=300, check=False).returncode
 
 
-def test_an_unusable_or_truncated_archive_fails_its_check(tmp_path: Path) -> None:
+def test_the_built_archive_maps_and_an_unusable_or_truncated_one_fails_the_check(tmp_path: Path) -> None:
     """What the check is for: a JVM refuses a file that is not an archive of its own build and runs
-    without it, and crashes on a cut one; neither is ever installed."""
+    without it, and crashes on a cut one; neither is ever installed. The archive itself is built
+    by `deploy/setup.sh` (`make test`), with the real dump this checks."""
+    archive = class_archive.archive_path()
+    assert archive is not None and archive.is_file(), "no class archive: run deploy/setup.sh"
+    assert _check(archive) == 0
     (tmp_path / "zeros.jsa").write_bytes(b"\x00" * 4096)
     assert _check(tmp_path / "zeros.jsa") != 0
-    archive = class_archive.archive_path()
-    if archive is None or not archive.is_file():
-        pytest.skip("no class archive built here to cut (deploy/setup.sh builds it)")
     with open(archive, "rb") as whole, open(tmp_path / "truncated.jsa", "wb") as cut:
         cut.write(whole.read(1 << 20))  # the header of a real archive, the rest missing
     assert _check(tmp_path / "truncated.jsa") != 0
-    assert _check(archive) == 0
 
 
-def test_building_dumps_checks_then_installs_and_drops_older_archives(tmp_path: Path) -> None:
+class _Children:
+    """The dump and the check, as `build` runs them, played without a JVM."""
+
+    def __init__(self, check_passes: bool = True) -> None:
+        self.check_passes = check_passes
+        self.modes: list[str] = []
+
+    def __call__(self, mode: str, archive: Path, timeout: float) -> None:
+        self.modes.append(mode)
+        if mode == "--dump":
+            archive.write_bytes(b"dumped")
+        elif not self.check_passes:
+            raise subprocess.CalledProcessError(134, mode, "", "SIGBUS")
+
+
+def test_a_dump_is_installed_only_once_checked_and_then_replaces_older_archives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     older = tmp_path / f"{class_archive.PREFIX}0000000000000000.jsa"
     older.write_bytes(b"an archive of a JVM since upgraded")
+    children = _Children(check_passes=False)
+    monkeypatch.setattr(class_archive, "_child", children)
+    with pytest.raises(subprocess.CalledProcessError):
+        class_archive.build(tmp_path)
+    assert children.modes == ["--dump", "--check"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [older.name]  # nothing installed, no partial left
+
+    children = _Children()
+    monkeypatch.setattr(class_archive, "_child", children)
     built = class_archive.build(tmp_path)
-    assert built == class_archive.archive_path(tmp_path)
-    assert built.is_file() and built.stat().st_size > 10 << 20
-    assert sorted(p.name for p in tmp_path.iterdir()) == [built.name]  # the older one and no partial left
-    mtime = built.stat().st_mtime_ns
-    assert class_archive.build(tmp_path) == built and built.stat().st_mtime_ns == mtime  # built once
+    assert built == class_archive.archive_path(tmp_path) and built is not None
+    assert built.read_bytes() == b"dumped" and children.modes == ["--dump", "--check"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [built.name]  # the older one gone
+    assert class_archive.build(tmp_path) == built and children.modes == ["--dump", "--check"]  # built once
+    assert class_archive.build(tmp_path, force=True) == built and len(children.modes) == 4
