@@ -83,7 +83,7 @@ def build(where: Path | None = None, force: bool = False) -> Path | None:
         partial.unlink(missing_ok=True)
         _child("--dump", partial, DUMP_TIMEOUT_S)
         if not partial.is_file():
-            raise subprocess.CalledProcessError(0, "dump", "the JVM left no archive")
+            raise subprocess.CalledProcessError(0, "--dump", "", "its JVM exited without writing the archive")
         _child("--check", partial, CHECK_TIMEOUT_S)
         os.replace(partial, path)
     finally:
