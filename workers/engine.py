@@ -37,6 +37,7 @@ from aldebaran.core.partitions import Partitioning
 from aldebaran.core.rule import Alert, Rule
 from aldebaran.io import amqp
 from aldebaran.io import redis as redis_io
+from aldebaran.io.alert_bus import AlertsRefused
 from aldebaran.io.engine_store import EngineStore, Fenced, Outbox
 from aldebaran.io.latency_samples import LatencySamples
 from aldebaran.io.redis import Keys
@@ -103,6 +104,8 @@ class EngineWorker:
             except (RedisError, Fenced) as exc:  # the broker session restarts; Redis may be back by then
                 # Not repr(): redis-py's hides the message (`server:NotReplicated`).
                 raise ConnectionError(f"engine state unavailable: {type(exc).__name__}: {exc}") from exc
+            except AlertsRefused as exc:  # recovery's publish of pending alerts nacked: the next session tries again
+                raise ConnectionError(f"pending alerts not confirmed: {exc}") from exc
 
         try:
             await amqp.run_sessions(self.settings, self.name, life.stopping, session)
