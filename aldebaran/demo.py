@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any
 
+from aldebaran import runtime_tuning
 from aldebaran.settings import Settings
 
 DOC_EXAMPLE = [
@@ -44,7 +45,7 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         "redis_key_prefix": f"{settings.redis_key_prefix}:demo-{run}",
     })
     declare(settings, echo=lambda _: None)
-    return asyncio.run(_demo(settings, args, run))
+    return runtime_tuning.run(_demo(settings, args, run))
 
 
 async def _demo(settings: Settings, args: argparse.Namespace, run: str) -> int:
