@@ -71,7 +71,7 @@ class _Input:
     end_ts: dict[str, int]
     counts: dict[str, dict[str, int]]
     files: FilesInfo
-    trade_bytes: int  # of readable trade bodies: how finely the walk's shuffle cuts them
+    trade_bytes: int  # of trade bodies (as their base64 tells): how finely the walk's shuffle cuts them
 
 
 def _in_window(col: Column, opts: AuditOptions) -> Column:
@@ -93,7 +93,7 @@ def _per_vhost(vhost: Column, values: dict[str, int], default: int = 0) -> Colum
 def _read(spark: SparkSession, opts: AuditOptions, files: list[str], span: tuple[int | None, int | None],
           damaged: bool) -> tuple[DataFrame, dict[str, dict[str, int]], int]:
     """The cached record frame, its counts and corrupt lines (see `traces.read_raw` for `damaged`)."""
-    slim = records.decode(traces.read_raw(spark, files, *span, damaged=damaged), opts.max_message_bytes)
+    slim = records.decode(traces.read_raw(spark, files, *span, damaged=damaged))
     if opts.vhosts:
         slim = slim.where(F.col("vhost").isin(*opts.vhosts) | F.col("vhost").isNull())
     slim = slim.persist(StorageLevel.MEMORY_AND_DISK)
@@ -192,13 +192,14 @@ def _walk(inp: _Input, pubs: DataFrame, opts: AuditOptions, step: Step) -> DataF
     with it, so those are read exactly as before."""
     ttl_ms = int(opts.book_ttl_s * 1000)
     buckets = order_shuffle.bucket_count(inp.trade_bytes)
-    walked = meaning.books_and_judged(records.element_blobs(inp.slim, buckets), pubs, ttl_ms, buckets)
+    size = opts.max_message_bytes
+    walked = meaning.books_and_judged(records.element_blobs(inp.slim, buckets, size), pubs, ttl_ms, buckets)
     walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
     counted = stats.walk_counts(walked)  # the action that walks
     if any(c["deferred"] for c in counted.values()):
         step("reading bodies that are not strict JSON with Spark's parser")
         walked.unpersist()
-        walked = meaning.books_and_judged(records.element_blobs(inp.slim, buckets, spark_parser=True), pubs,
+        walked = meaning.books_and_judged(records.element_blobs(inp.slim, buckets, size, spark_parser=True), pubs,
                                           ttl_ms, buckets)
         walked = walked.persist(StorageLevel.MEMORY_AND_DISK)
         counted = stats.walk_counts(walked)

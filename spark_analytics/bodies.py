@@ -16,7 +16,7 @@ again with `records.elements(spark_parser=True)`, which reads them with `wire.el
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import msgspec
@@ -24,13 +24,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_analytics import body_decode
 from spark_analytics.wire import JSON_KEYS, MAX_LABEL, MAX_SHARES, NORMAL_KEYS
 
 ELEMENT_SCHEMA = ("vhost string, ts long, idx int, valid boolean, etype string, event_id string, order_id string, "
-                  "shares long, spark_text string")
+                  "shares long, junk tinyint, spark_text string")
 _ARROW = pa.schema([("vhost", pa.string()), ("ts", pa.int64()), ("idx", pa.int32()), ("valid", pa.bool_()),
                     ("etype", pa.string()), ("event_id", pa.string()), ("order_id", pa.string()),
-                    ("shares", pa.int64()), ("spark_text", pa.string())])
+                    ("shares", pa.int64()), ("junk", pa.int8()), ("spark_text", pa.string())])
 
 DEFERRED = -1  # `idx` of a row whose body Spark's parser reads
 
@@ -209,6 +210,7 @@ class _Batch:
         self.spark_text: dict[int, str] = {}  # first row of a message -> the body Spark's parser decides
         self.numbers = False                  # an id may be an int (else every id is a str or None)
         self.deferred: list[int] = []         # rows of messages that Spark's parser reads
+        self.junk: dict[int, int] = {}        # row of a message whose body is junk -> `body_decode` reason
 
     def fast(self, events: list[_Event] | list[_NumberedEvent]) -> None:
         """Elements the typed structs read: what is left to check (blank labels, id bytes) is checked
@@ -230,8 +232,11 @@ class _Batch:
         self.judged += [True] * len(elements)
         self._message(len(elements))
 
-    def none(self, spark_text: str | None = None) -> None:
-        """A message with no element (unreadable), or one that Spark's parser reads (`spark_text`)."""
+    def none(self, spark_text: str | None = None, junk: int | None = None) -> None:
+        """A message with no element (unreadable; `junk`: why, when its body is junk), or one that
+        Spark's parser reads (`spark_text`)."""
+        if junk is not None:
+            self.junk[len(self.ids)] = junk
         if spark_text is not None:
             self.spark_text[len(self.ids)] = spark_text
             self.deferred.append(len(self.ids))
@@ -325,6 +330,8 @@ def _rows(out: _Batch, vhost: pa.Array, ts: pa.Array) -> pa.RecordBatch:
     texts: list[str | None] = [None] * total
     for row, text in out.spark_text.items():
         texts[row] = text
+    junk = np.zeros(total, dtype=np.int8)
+    junk[list(out.junk)] = list(out.junk.values())
     return pa.RecordBatch.from_arrays([
         vhost.take(pa.array(message)), ts.take(pa.array(message)),
         pa.array(idx, mask=~has_idx), pa.array(valid),
@@ -333,22 +340,27 @@ def _rows(out: _Batch, vhost: pa.Array, ts: pa.Array) -> pa.RecordBatch:
         pc.if_else(invalid, pa.scalar(None, pa.string()), ids),
         pc.if_else(invalid, pa.scalar(None, pa.string()), pc.coalesce(orders, ids)),
         pa.array(np.asarray(out.shares, dtype=np.int64), mask=~valid),
-        pa.array(texts, pa.string()),
+        pa.array(junk, mask=junk == 0), pa.array(texts, pa.string()),
     ], schema=_ARROW)
 
 
-def split_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """Trade messages (vhost, ts, text, packed) to one row per element (ELEMENT_SCHEMA): `idx`
-    null for a message with none, `spark_text` set for a body Spark's parser reads instead."""
+def split_batch(batch: pa.RecordBatch, max_bytes: int) -> pa.RecordBatch:
+    """Trade messages (vhost, ts, b64: the traced body, msgpack: its content type says so) to one
+    row per element (ELEMENT_SCHEMA): `idx` null for a message with none (`junk`: why, when its
+    body is no base64, over `max_bytes`, or no UTF-8 text), `spark_text` set for a body Spark's
+    parser reads instead."""
     out = _Batch()
-    texts, packed = batch.column("text"), batch.column("packed")
-    for text, body in zip(_views(texts), packed.to_pylist(), strict=True):
-        _body(out, text, body)
+    for b64, msgpack in zip(_views(batch.column("b64")), batch.column("msgpack").to_pylist(), strict=True):
+        body, junk = body_decode.trade_body(b64, bool(msgpack), max_bytes)
+        if body is None:
+            out.none(junk=junk)
+        else:
+            _body(out, None if msgpack else body, body if msgpack else None)
     return _rows(out, batch.column("vhost"), batch.column("ts"))
 
 
 def _views(texts: pa.Array) -> list[memoryview | None]:
-    """The strings' UTF-8 bytes without a copy (msgspec reads any buffer)."""
+    """The strings' UTF-8 bytes without a copy."""
     if texts.null_count == len(texts):
         return [None] * len(texts)
     wide = pa.types.is_large_string(texts.type)
@@ -359,8 +371,10 @@ def _views(texts: pa.Array) -> list[memoryview | None]:
     return [data[offsets[i]: offsets[i + 1]] if valid[i] else None for i in range(len(texts))]
 
 
-def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`mapInArrow` over trade messages: `split_batch` on each Arrow batch."""
-    for batch in batches:
-        if batch.num_rows:
-            yield split_batch(batch)
+def split(max_bytes: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For `mapInArrow` over trade messages: `split_batch` on each Arrow batch."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                yield split_batch(batch, max_bytes)
+    return run

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_analytics import order_shuffle, published
+from spark_analytics import body_decode, order_shuffle, published
 from spark_analytics.bodies import DEFERRED
 
 SUM_CAP = 4 * 10**18  # running sums saturate here: never an overflow, still "over" any request
@@ -139,16 +139,22 @@ _BOOK_ARROW = pa.schema([(f.split()[0], pa.string() if f.split()[1] == "string" 
 
 
 def _junk(t: pa.Table) -> pa.RecordBatch:
-    """One row per vhost: elements rejected, messages with no element (idx null), and bodies
-    left to Spark's parser (idx DEFERRED, `records.elements`)."""
+    """One row per vhost: elements rejected, messages with no element (idx null; of them, the
+    bodies that are junk, by `body_decode` reason), and bodies left to Spark's parser (idx
+    DEFERRED, `records.elements`)."""
     t = t.append_column("deferred", pc.equal(t["idx"], DEFERRED).cast(pa.int64()))
-    g = t.group_by("vhost").aggregate([("idx", "count"), ([], "count_all"), ("deferred", "sum")])
+    reasons = body_decode.REASONS.items()
+    for code, name in reasons:
+        t = t.append_column(name, pc.fill_null(pc.equal(t["junk"], code), False).cast(pa.int64()))
+    g = t.group_by("vhost").aggregate([("idx", "count"), ([], "count_all"), ("deferred", "sum"),
+                                       *[(name, "sum") for _, name in reasons]])
     n = g.num_rows
     cols: dict[str, object] = {f.name: pa.nulls(n, f.type) for f in published.ARROW}
     deferred = pc.fill_null(g["deferred_sum"], 0).to_numpy()
     with_idx = g["idx_count"].to_numpy()
     cols.update(vhost=g["vhost"].combine_chunks(), rejected=with_idx - deferred, deferred=deferred,
-                unreadable=g["count_all"].to_numpy() - with_idx)
+                unreadable=g["count_all"].to_numpy() - with_idx,
+                **{name: pc.fill_null(g[f"{name}_sum"], 0).to_numpy() for _, name in reasons})
     return pa.RecordBatch.from_pydict(cols, schema=published.ARROW)
 
 
@@ -199,12 +205,14 @@ def books_and_judged(elements: DataFrame, publishes: DataFrame, book_ttl_ms: int
     published with its order's book (first_ts, close_ts, edge_ms: how close an event came to the
     book's close, requested_shares, purchased_shares, late_events); and rows with `alert_id` null
     that count, per vhost, events as published (copies), distinct events, orders, expected alerts,
-    and the elements that are not events (`unreadable`, `rejected`, `deferred`).
+    and the elements that are not events (`unreadable`, `rejected`, `deferred`; of the unreadable,
+    the bodies that are junk: `not_base64`, `oversize`, `not_utf8`).
     """
     nothing = F.lit(None).cast("string")
     pubs = publishes.select("vhost", _order_key(F.col("alert_id")).alias("order_id"), nothing.alias("etype"),
                             F.col("alert_id").alias("event_id"), "ts", F.lit(None).cast("int").alias("idx"),
-                            F.lit(None).cast("long").alias("shares"), F.lit(True).alias("valid"), "kind",
+                            F.lit(None).cast("long").alias("shares"), F.lit(True).alias("valid"),
+                            F.lit(None).cast("tinyint").alias("junk"), "kind",
                             F.col("order_id").alias("published_order_id"))
     blobs = elements.unionByName(pubs.mapInArrow(order_shuffle.packed(buckets), order_shuffle.BLOB_SCHEMA))
     # A few thousand blobs, each one bucket's rows: within an order publishes (etype null) come first.

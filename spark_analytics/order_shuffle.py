@@ -31,8 +31,8 @@ BUCKET_BYTES = 8 << 20  # of trade bodies per bucket: ~100,000 elements, a few t
 BLOB_SCHEMA = "bucket int, blob binary"
 ROWS = pa.schema([("vhost", pa.string()), ("order_id", pa.string()), ("etype", pa.string()),
                   ("event_id", pa.string()), ("ts", pa.int64()), ("idx", pa.int32()), ("shares", pa.int64()),
-                  ("valid", pa.bool_()), ("kind", pa.string()), ("published_order_id", pa.string()),
-                  ("h", pa.uint64())])
+                  ("valid", pa.bool_()), ("junk", pa.int8()), ("kind", pa.string()),
+                  ("published_order_id", pa.string()), ("h", pa.uint64())])
 # Spark's former sort within a partition: the hash first (cheap), then the exact key.
 _SORT = [(k, "ascending", "at_start") for k in
          ("h", "vhost", "order_id", "etype", "event_id", "ts", "idx", "shares")]
@@ -94,12 +94,12 @@ def _elements(split: pa.RecordBatch) -> pa.Table:
         "published_order_id", pa.nulls(n, pa.string()))
 
 
-def split_and_pack(buckets: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """For `mapInArrow` over trade messages (vhost, ts, text, packed): split by `bodies`, packed by bucket."""
+def split_and_pack(buckets: int, max_bytes: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For `mapInArrow` over trade messages (vhost, ts, b64, msgpack): split by `bodies`, packed by bucket."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             if batch.num_rows:
-                yield pack(_elements(bodies.split_batch(batch)), buckets)
+                yield pack(_elements(bodies.split_batch(batch, max_bytes)), buckets)
     return run
 
 

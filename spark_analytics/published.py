@@ -21,10 +21,11 @@ JUDGED_SCHEMA = ("vhost string, order_id string, alert_id string, expected_ts lo
                  "expected boolean, publishes long, "
                  # rows with alert_id null: per vhost, what the walk counted
                  "copies long, events long, orders long, expected_alerts long, unreadable long, rejected long, "
-                 "deferred long")
+                 "deferred long, not_base64 long, oversize long, not_utf8 long")
 ARROW = pa.schema([(f.split()[0], {"string": pa.string(), "long": pa.int64(), "boolean": pa.bool_()}[f.split()[1]])
                    for f in JUDGED_SCHEMA.split(", ")])
-COUNTS = ["copies", "events", "orders", "expected_alerts", "unreadable", "rejected", "deferred"]
+COUNTS = ["copies", "events", "orders", "expected_alerts", "unreadable", "rejected", "deferred", "not_base64",
+          "oversize", "not_utf8"]
 
 
 def expected(books: pa.RecordBatch) -> pa.Table:

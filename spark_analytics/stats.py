@@ -28,6 +28,8 @@ JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadabl
         "alert_unreadable", "delivery_unreadable")
 # What "junk skipped" adds up: each skipped message or element once (the other JUNK counts are reasons).
 JUNK_TOTAL = ("trade_unreadable", "trade_elements_rejected", "alert_unreadable", "delivery_unreadable")
+# Counted by the per-order pass, from the trade bodies (`walk_counts`).
+WALK_JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected")
 RECORD_COUNTS = ("trace_records", "trade_messages", "msgpack_messages", "alert_messages", "channel_deliveries",
                  "channel_redeliveries",
                  "trace_rerecorded", *JUNK)
@@ -47,26 +49,22 @@ def empty_counts() -> dict[str, int]:
 
 def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
     """Per vhost: records of each kind, junk, the last trace time (`last_ts`, counting the
-    heartbeats every deployment shares); and the number of corrupt lines. What only a
-    message's elements tell (`trade_unreadable` of readable bodies, `trade_elements_rejected`)
-    the per-order pass counts: `walk_counts`."""
+    heartbeats every deployment shares); and the number of corrupt lines. What only a trade
+    body tells (`WALK_JUNK`: decoded and split in the Python workers) the per-order pass
+    counts: `walk_counts`. `msgpack_messages`: trade messages whose content type is msgpack."""
     kind = F.col("kind")
     trade, alert, delivery = kind == "trade", kind == "alert", kind == "delivery"
     aggs = {
         "trace_records": _sum(kind.isin("trade", "alert", "delivery", "publish", "deliver")),
         "trade_messages": _sum(trade), "alert_messages": _sum(alert),
-        "msgpack_messages": _sum(F.col("packed").isNotNull()),
+        "msgpack_messages": _sum(trade & F.col("msgpack")),
         "channel_deliveries": F.sum(F.when(delivery, _size(F.col("alerts"))).otherwise(0)),
         "channel_redeliveries": F.sum(F.when(delivery & F.col("redelivered"), _size(F.col("alerts"))).otherwise(0)),
         "trace_rerecorded": _sum(F.coalesce(F.col("trace_redelivered"), F.lit(False))),
-        "trade_not_base64": _sum(trade & F.col("not_base64")),
-        "trade_not_utf8": _sum(trade & F.col("not_utf8")),
-        "trade_oversize": _sum(trade & F.col("oversize")),
-        "trade_unreadable": _sum(trade & F.col("text").isNull() & F.col("packed").isNull()),
         "alert_unreadable": _sum(alert & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
         "delivery_unreadable": _sum(delivery & (F.col("alert_unreadable") | (_size(F.col("alerts")) == 0))),
         "last_ts": F.max(F.when(kind != "corrupt", F.col("ts"))),
-        "trade_bytes": F.sum(F.when(trade, F.coalesce(F.octet_length("text"), F.octet_length("packed")))),
+        "trade_bytes": F.sum(F.when(trade, F.octet_length("b64") * 3 / 4)).cast("long"),
         "corrupt": _sum(kind == "corrupt"),
     }
     rows = msgs.groupBy("vhost").agg(*[agg.alias(name) for name, agg in aggs.items()]).collect()
@@ -78,7 +76,7 @@ def record_counts(msgs: DataFrame) -> tuple[dict[str, dict[str, int]], int]:
             shared_last = int(r["last_ts"] or 0)
             continue
         out[r["vhost"]] = {name: int(r[name] or 0) for name in aggs if name != "corrupt"}
-        out[r["vhost"]]["trade_elements_rejected"] = 0
+        out[r["vhost"]].update(dict.fromkeys(WALK_JUNK, 0))
     for c in out.values():
         c["last_ts"] = max(c["last_ts"], shared_last)
     return out, corrupt
@@ -90,7 +88,8 @@ def walk_counts(walked: DataFrame) -> dict[str, dict[str, int]]:
     (`deferred`: bodies left to Spark's parser, see `records.elements`). One Spark job."""
     names = {"trade_events_decoded": "copies", "distinct_events": "events", "orders": "orders",
              "expected_alerts": "expected_alerts", "alert_publishes": "publishes", "trade_unreadable": "unreadable",
-             "trade_elements_rejected": "rejected", "deferred": "deferred"}
+             "trade_elements_rejected": "rejected", "deferred": "deferred", "trade_not_base64": "not_base64",
+             "trade_oversize": "oversize", "trade_not_utf8": "not_utf8"}
     sums = walked.groupBy("vhost").agg(*[F.sum(col).alias(name) for name, col in names.items()])
     return {r["vhost"]: {name: int(r[name] or 0) for name in names} for r in sums.collect()}
 

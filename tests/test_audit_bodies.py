@@ -5,6 +5,7 @@ and on random bodies. The two must give the same elements, element by element.
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 from typing import Any
@@ -49,8 +50,11 @@ def msgpack_as_json(packed: pd.Series) -> pd.Series:
 
 
 def frame(spark, messages: list[Body]):
-    rows = [("v", 1000 + i, "trade", text, packed) for i, (text, packed) in enumerate(messages)]
-    return spark.createDataFrame(rows, "vhost string, ts long, kind string, text string, packed binary")
+    """The messages as `text` and `packed` (for Spark's reading) and as traced (`b64`, `msgpack`)."""
+    rows = [("v", 1000 + i, "trade", text, packed, base64.b64encode(packed or text.encode()).decode(), packed is not None)
+            for i, (text, packed) in enumerate(messages)]
+    return spark.createDataFrame(
+        rows, "vhost string, ts long, kind string, text string, packed binary, b64 string, msgpack boolean")
 
 
 def spark_read(spark, messages: list[Body]) -> list[tuple]:
@@ -66,7 +70,7 @@ def spark_read(spark, messages: list[Body]) -> list[tuple]:
 
 
 def split(spark, messages: list[Body], spark_parser: bool = True) -> list[tuple]:
-    out = records.elements(frame(spark, messages), spark_parser=spark_parser)
+    out = records.elements(frame(spark, messages), 1 << 20, spark_parser=spark_parser)
     return sorted(tuple(r[f] for f in FIELDS) for r in out.collect())
 
 

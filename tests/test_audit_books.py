@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from spark_analytics import order_shuffle
 from spark_analytics.bodies import DEFERRED
+from spark_analytics.body_decode import NOT_BASE64, NOT_UTF8
 from spark_analytics.meaning import SUM_CAP, _walk_partition, book_walk
 
 TTL = 700
@@ -50,7 +51,8 @@ def spark_sorted(events: list[Event]) -> pa.Table:
     rows = sorted(events)
     names = ["vhost", "order_id", "etype", "event_id", "ts", "idx", "shares"]
     return pa.table({**{n: [r[i] for r in rows] for i, n in enumerate(names)}, "valid": [True] * len(rows),
-                     "kind": pa.nulls(len(rows), pa.string()), "published_order_id": pa.nulls(len(rows), pa.string())})
+                     "junk": pa.nulls(len(rows), pa.int8()), "kind": pa.nulls(len(rows), pa.string()),
+                     "published_order_id": pa.nulls(len(rows), pa.string())})
 
 
 def walked(batch: pa.RecordBatch | pa.Table) -> dict[tuple[str, str], dict[str, Any]]:
@@ -128,14 +130,18 @@ def test_events_of_one_time_are_walked_in_message_order() -> None:
 def test_elements_that_are_not_events_are_counted_per_deployment_not_walked() -> None:
     good = spark_sorted([("/", "o", "request", "o", 0, 0, 5), ("/", "o", "purchase", "p", 1, 0, 9)]).drop_columns(
         ["kind", "published_order_id"])
-    junk = pa.table({"vhost": ["/", "b", "b", "b"], "order_id": pa.nulls(4, pa.string()),
-                     "etype": pa.nulls(4, pa.string()), "event_id": pa.nulls(4, pa.string()), "ts": [5, 5, 6, 7],
-                     "idx": [None, 3, 0, DEFERRED], "shares": pa.nulls(4, pa.int64()), "valid": [False] * 4})
+    junk = pa.table({"vhost": ["/", "b", "b", "b", "b", "b", "b"], "order_id": pa.nulls(7, pa.string()),
+                     "etype": pa.nulls(7, pa.string()), "event_id": pa.nulls(7, pa.string()),
+                     "ts": [5, 5, 6, 7, 8, 8, 9], "idx": [None, 3, 0, DEFERRED, None, None, None],
+                     "shares": pa.nulls(7, pa.int64()), "valid": [False] * 7,
+                     "junk": pa.array([None, None, None, None, NOT_UTF8, NOT_BASE64, NOT_UTF8], pa.int8())})
     batches = [*good.slice(0, 1).to_batches(), *junk.to_batches(), *good.slice(1).to_batches()]
     out = pa.Table.from_batches(list(_walk_partition(TTL)(iter(batches)))).to_pylist()
     counted = {v: tuple(sum(r[k] for r in out if r["vhost"] == v and r[k] is not None)
-                        for k in ("unreadable", "rejected", "deferred")) for v in ("/", "b")}
-    assert counted == {"/": (1, 0, 0), "b": (0, 2, 1)}, "a body left to Spark's parser is neither"
+                        for k in ("unreadable", "rejected", "deferred", "not_base64", "oversize", "not_utf8"))
+               for v in ("/", "b")}
+    assert counted == {"/": (1, 0, 0, 0, 0, 0), "b": (3, 2, 1, 1, 0, 2)}, \
+        "a body left to Spark's parser is neither; a junk body is unreadable, with its reason"
     (alert,) = [r for r in out if r["alert_id"] is not None]
     assert (alert["alert_id"], alert["purchased_shares"], alert["trigger_event"]) == (
         "over_purchase:o", 9, "purchase:p")
@@ -158,7 +164,7 @@ def with_publishes(evs: list[Event], pubs: list[Publish]) -> pa.Table:
     names = ["vhost", "order_id", "etype", "event_id", "ts", "idx", "shares", "kind", "published_order_id"]
     types = [pa.string()] * 4 + [pa.int64(), pa.int32(), pa.int64(), pa.string(), pa.string()]
     columns = {n: pa.array([r[i] for r in rows], t) for i, (n, t) in enumerate(zip(names, types, strict=True))}
-    return pa.table({**columns, "valid": [True] * len(rows)})
+    return pa.table({**columns, "valid": [True] * len(rows), "junk": pa.nulls(len(rows), pa.int8())})
 
 
 def joined_reference(evs: list[Event], pubs: list[Publish]) -> dict[tuple[str, str], tuple]:
