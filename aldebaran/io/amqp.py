@@ -7,6 +7,7 @@ import contextlib
 import logging
 import random
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -185,6 +186,14 @@ def persistent(body: bytes, **properties: Any) -> aio_pika.Message:
 Session = Callable[[aio_pika.abc.AbstractConnection, asyncio.Event], Awaitable[None]]
 
 
+# A session that lasted this long resets the backoff: one that ends sooner after every connect
+# (a queue that keeps refusing publishes, Redis down) backs off further each time, up to
+# SESSION_BACKOFF_CAP seconds, instead of reconnecting every few tens of milliseconds; the cap
+# keeps the wait after the cause is gone short (alerts wait on it).
+STABLE_SESSION_SECONDS = 10.0
+SESSION_BACKOFF_CAP = 5.0
+
+
 def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
     """Exponential backoff with full jitter: never a busy loop, never a thundering herd."""
     return random.uniform(0, min(cap, base * (2 ** attempt)))
@@ -198,7 +207,8 @@ async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, s
     the broker, which is how held state is rebuilt without trusting a stale channel.
     The first connection failing is fatal (`UnavailableError`: systemd decides); later
     losses are retried with backoff and jitter, each attempt beginning on the node after
-    the one just lost, so a cluster worker fails over instead of waiting for its node.
+    the one just lost, so a cluster worker fails over instead of waiting for its node. The
+    backoff starts over only after a session that lasted `STABLE_SESSION_SECONDS`.
     """
     attempt = 0
     connected_once = False
@@ -217,7 +227,8 @@ async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, s
         if connected_once:
             BROKER_RECONNECTS.labels(component=name).inc()
             log.warning("reconnected to broker", worker=name, url=mask_url(settings.broker_urls[index]))
-        connected_once, attempt = True, 0
+        connected_once = True
+        began = time.monotonic()
         # A lost session starts its next attempt on the next node (cluster failover).
         start = index + 1
         ended = asyncio.Event()
@@ -234,7 +245,9 @@ async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, s
                 with contextlib.suppress(Exception):  # closing a dead connection may fail
                     await asyncio.wait_for(connection.close(), timeout=5)
         if not stopping.is_set():
-            delay = backoff_delay(attempt)
+            if time.monotonic() - began >= STABLE_SESSION_SECONDS:
+                attempt = 0
+            delay = backoff_delay(attempt, cap=SESSION_BACKOFF_CAP)
             attempt += 1
             log.warning("connection to broker lost; reconnecting", worker=name, retry_in_seconds=round(delay, 2))
             await _sleep_unless(stopping, delay)
