@@ -23,13 +23,12 @@ KINDS = (*FINDINGS, IN_DOUBT)
 # from the channel's queue anyway (delivered as far as the broker can tell: no finding).
 IN_DOUBT_COUNTS = ("in_doubt_listed", "in_doubt_delivered")
 
+# Junk in trade bodies: counted by the per-order pass, where the bodies are decoded (`walk_counts`).
+WALK_JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected")
 # What the pipeline dead-letters (or never sent) and the audit skips, counted per deployment.
-JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected",
-        "alert_unreadable", "delivery_unreadable")
+JUNK = (*WALK_JUNK, "alert_unreadable", "delivery_unreadable")
 # What "junk skipped" adds up: each skipped message or element once (the other JUNK counts are reasons).
 JUNK_TOTAL = ("trade_unreadable", "trade_elements_rejected", "alert_unreadable", "delivery_unreadable")
-# Counted by the per-order pass, from the trade bodies (`walk_counts`).
-WALK_JUNK = ("trade_not_base64", "trade_not_utf8", "trade_oversize", "trade_unreadable", "trade_elements_rejected")
 RECORD_COUNTS = ("trace_records", "trade_messages", "msgpack_messages", "alert_messages", "channel_deliveries",
                  "channel_redeliveries",
                  "trace_rerecorded", *JUNK)
