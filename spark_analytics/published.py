@@ -24,8 +24,6 @@ JUDGED_SCHEMA = ("vhost string, order_id string, alert_id string, expected_ts lo
                  "deferred long, not_base64 long, oversize long, not_utf8 long")
 ARROW = pa.schema([(f.split()[0], {"string": pa.string(), "long": pa.int64(), "boolean": pa.bool_()}[f.split()[1]])
                    for f in JUDGED_SCHEMA.split(", ")])
-COUNTS = ["copies", "events", "orders", "expected_alerts", "unreadable", "rejected", "deferred", "not_base64",
-          "oversize", "not_utf8"]
 
 
 def expected(books: pa.RecordBatch) -> pa.Table:
