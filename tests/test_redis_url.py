@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from aldebaran.errors import ConfigError
-from aldebaran.io.redis import (DiscoveringConnection, DiscoveringSSLConnection, Replicas, client, describe,
-                                sync_client)
+from aldebaran.io.redis import (DiscoveringConnection, DiscoveringSSLConnection, HiredisPacking, Replicas, client,
+                                describe, sync_client)
 from aldebaran.redis_url import SentinelTarget, is_sentinel_url, parse_sentinel_url
 from aldebaran.settings import load_settings, mask_url
 
@@ -94,7 +94,8 @@ async def test_every_client_of_a_sentinel_url_finds_the_master_through_the_senti
     try:
         pool = async_client.connection_pool
         assert pool.service_name == "mymaster" and pool.is_master
-        assert pool.connection_class is DiscoveringConnection
+        assert issubclass(pool.connection_class, DiscoveringConnection)
+        assert issubclass(pool.connection_class, HiredisPacking)  # and its commands packed by hiredis
         assert pool.connection_kwargs["password"] == "s3cr/t" and pool.connection_kwargs["db"] == 2
         sentinels = [(c.connection_pool.connection_kwargs["host"], c.connection_pool.connection_kwargs["port"],
                       c.connection_pool.connection_kwargs["password"]) for c in async_client.discovery.sentinels]
@@ -103,7 +104,7 @@ async def test_every_client_of_a_sentinel_url_finds_the_master_through_the_senti
         await async_client.aclose()
     monkeypatch.setenv("ALDEBARAN_REDIS_URL", "rediss+sentinel://:pw@h1/svc")
     tls_client = client(load_settings())
-    assert tls_client.connection_pool.connection_class is DiscoveringSSLConnection
+    assert issubclass(tls_client.connection_pool.connection_class, DiscoveringSSLConnection)
     await tls_client.aclose()
     blocking = sync_client(URL, timeout=1)
     try:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hiredis
 import redis
 import redis.asyncio as aioredis
 import redis.sentinel
@@ -89,6 +90,33 @@ class DiscoveringSSLConnection(DiscoveringConnection, SSLConnection):
     """The same over TLS (`rediss+sentinel://`)."""
 
 
+class HiredisPacking:
+    """Commands packed in C by hiredis, as redis-py's synchronous connection packs them: its
+    asyncio connection packs in Python and re-joins its buffer at every argument (486 against
+    87 µs for a 256-alert pull-queue enqueue, 1,028 arguments; the same bytes)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        name = args[0]
+        if isinstance(name, str):  # a command name of more than one word is sent as separate words
+            args = (*name.encode().split(), *args[1:])
+        elif isinstance(name, bytes) and b" " in name:
+            args = (*name.split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:  # not str, bytes, int or float: redis-py encodes some (bytearray), refuses the rest
+            return super().pack_command(*args)  # type: ignore[misc]
+
+
+_PACKING: dict[type, type] = {}
+
+
+def _packing(connection_class: type) -> type:
+    """`connection_class` with its commands packed by hiredis (one class per base, made once)."""
+    if connection_class not in _PACKING:
+        _PACKING[connection_class] = type(f"Hiredis{connection_class.__name__}", (HiredisPacking, connection_class), {})
+    return _PACKING[connection_class]
+
+
 class _SentinelRedis(aioredis.Redis):
     """A master client that also closes its connections to the sentinels."""
 
@@ -129,12 +157,14 @@ def client(settings: Settings) -> aioredis.Redis:
         if settings.redis_url.startswith("rediss://") and settings.tls_ca_file:
             common["ssl_ca_certs"] = settings.tls_ca_file
         pool = aioredis.BlockingConnectionPool.from_url(settings.redis_url, **common)
+        pool.connection_class = _packing(pool.connection_class)
         return aioredis.Redis.from_pool(pool)
     target = parse_sentinel_url(settings.redis_url)
     sentinel = Sentinel(target.sentinels, sentinel_kwargs=_sentinel_kwargs(target, settings.tls_ca_file, Retry))
     master = sentinel.master_for(target.service_name, redis_class=_SentinelRedis,
                                  connection_pool_class=BlockingSentinelPool,
-                                 connection_class=DiscoveringSSLConnection if target.tls else DiscoveringConnection,
+                                 connection_class=_packing(DiscoveringSSLConnection if target.tls
+                                                           else DiscoveringConnection),
                                  **_master_kwargs(target, settings.tls_ca_file), **common)
     master.discovery = sentinel
     return master
