@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from aldebaran.io.redis import HiredisPacking, Keys, client
+from aldebaran.io.redis import LARGE_ARGUMENT, HiredisPacking, Keys, client
 from aldebaran.settings import Settings
 
 
@@ -33,6 +33,15 @@ def test_hiredis_packs_the_bytes_redis_py_packs(name: str | bytes, arguments: li
     assert b"".join(_Packing().pack_command(name, *arguments)) == expected
 
 
+@given(st.lists(ARGUMENT, max_size=6), st.lists(ARGUMENT, max_size=6), st.integers(0, 2))
+def test_a_large_argument_goes_as_a_chunk_of_its_own_uncopied(before: list[Any], after: list[Any], twice: int) -> None:
+    large = bytes(range(256)) * (LARGE_ARGUMENT // 256 + 1)
+    arguments = [*before, large, *after, *([large] * twice)]
+    chunks = _Packing().pack_command("EVALSHA", *arguments)
+    assert b"".join(chunks) == b"".join(Connection().pack_command("EVALSHA", *arguments))
+    assert sum(chunk is large for chunk in chunks) == 1 + twice
+
+
 def test_what_hiredis_does_not_pack_goes_the_way_it_went() -> None:
     packed = b"".join(_Packing().pack_command("SET", "k", bytearray(b"v")))
     assert packed == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"
@@ -50,10 +59,12 @@ async def test_the_client_sends_packed_commands_and_pipelines(settings: Settings
         script = redis.register_script("for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[i]) end "
                                        "return #KEYS")
         assert await script(keys=names, args=[n * 1.5 for n in range(300)]) == 300
+        large = b"\xff" * (LARGE_ARGUMENT * 4)
+        assert await redis.set(names[0], large) and await redis.strlen(names[0]) == len(large)
         async with redis.pipeline(transaction=True) as pipe:
             pipe.get(names[3])
             pipe.mget(names[:2])
             pipe.delete(*names)
-            assert await pipe.execute() == [b"4.5", [b"0.0", b"1.5"], 300]
+            assert await pipe.execute() == [b"4.5", [large, b"1.5"], 300]
     finally:
         await redis.aclose()
