@@ -26,7 +26,8 @@ def _env(vhost: services.Vhost, prefix: str, tmp_path, ttl: str = "3", **extra: 
         ALDEBARAN_AMQP_URL=vhost.amqp_url, ALDEBARAN_REDIS_URL=services.REDIS_URL,
         ALDEBARAN_REDIS_KEY_PREFIX=prefix, ALDEBARAN_MANAGEMENT_URL=services.MANAGEMENT_URL,
         ALDEBARAN_TRACES_DIR=str(tmp_path / "traces"), ALDEBARAN_LOG_FORMAT="json",
-        ALDEBARAN_BOOK_TTL_SECONDS=ttl, ALDEBARAN_ENGINE__LEASE_SECONDS="1", PYTHONUNBUFFERED="1", **extra)
+        ALDEBARAN_BOOK_TTL_SECONDS=ttl, ALDEBARAN_ENGINE__LEASE_SECONDS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
     return env
 
 
@@ -269,3 +270,36 @@ def test_a_cycle_too_big_to_send_its_record_early_is_logged_and_acked(tmp_path) 
         store.close()
         services.delete_vhost(vhost)
         services.clean_redis(prefix)
+
+
+def test_an_idle_engine_waits_for_the_next_book_due_its_tick_or_its_lease_whichever_comes_first() -> None:
+    from workers.engine_session import idle_wait
+
+    assert idle_wait(None, 1_000, tick=0.05, lease_seconds=5) == 0.05  # nothing open: the tick
+    assert idle_wait(1_020, 1_000, tick=0.05, lease_seconds=5) == 0.02  # a book falls due in 20 ms
+    assert idle_wait(9_000, 1_000, tick=0.05, lease_seconds=5) == 0.05
+    assert idle_wait(1_000, 1_000, tick=0.05, lease_seconds=5) == 0.001  # due now: closed next millisecond
+    assert idle_wait(500, 1_000, tick=0.05, lease_seconds=5) == 0.001  # never a busy loop
+    assert idle_wait(None, 1_000, tick=10, lease_seconds=3) == 1.0  # the lease is renewed in time
+
+
+def test_an_idle_engine_closes_a_book_when_it_falls_due_not_at_its_next_tick(tmp_path) -> None:
+    """A purchase without its request fires when its book closes, one ttl (1 s) after it came.
+    With the longest tick there is (10 s), only a wake-up at the book's deadline fires it within 6 s."""
+    from aldebaran.trades.events import Purchase
+
+    vhost, prefix = services.create_vhost(), services.redis_prefix()
+    env = _env(vhost, prefix, tmp_path, ttl="1", ALDEBARAN_ENGINE__TICK_MS="10000",
+               ALDEBARAN_ENGINE__LEASE_SECONDS="60")
+    try:
+        declare(env)
+        broker = Broker(vhost.amqp_url)
+        broker.tap_alerts()
+        with running(env, tmp_path / "up.log"):
+            broker.publish([Purchase("lonely-p1", "lonely", 5, "c", "s")])
+            alerts = collect_alerts(broker, expected=1, timeout=6, settle=0)
+        broker.close()
+    finally:
+        services.delete_vhost(vhost)
+        services.clean_redis(prefix)
+    assert alert_counts(alerts) == {"purchase_without_request:lonely": 1}

@@ -127,6 +127,35 @@ def test_a_rebuilt_engine_fires_what_the_live_one_would_have(seed: int, crash: f
     assert fired | after == expected
 
 
+@hsettings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(1, 6), min_size=1, max_size=40),
+       gaps=st.lists(st.integers(1, 900), min_size=1, max_size=40))
+def test_closing_each_book_when_it_falls_due_changes_nothing_the_cycles_decide(
+        seed: int, cuts: list[int], gaps: list[int]) -> None:
+    """An idle worker closes at `next_close_ms` between cycles (workers/engine_session.py); an
+    engine that only closes at its cycles' starts must end every cycle with the same books and
+    done keys, the same record, and the same alerts, those of the idle closes coming first.
+    `next_close_ms` is the first stamp with work: a millisecond earlier closes nothing."""
+    messages, _ = _messages(seed)
+    cycles_only, idle_closing = _engine(), _engine()
+    stamp, taken, index = 10_000, 0, 0
+    while taken < len(messages):
+        batch = messages[taken:taken + cuts[index % len(cuts)]]
+        taken += len(batch)
+        stamp += gaps[index % len(gaps)] * len(batch)
+        index += 1
+        early = []
+        while (due := idle_closing.next_close_ms()) is not None and due < stamp:
+            before = _state(idle_closing)
+            assert idle_closing.close(due - 1, NOW) == [] and _state(idle_closing) == before
+            early += idle_closing.close(due, NOW)
+            assert _state(idle_closing) != before
+        expected = cycles_only.cycle(batch, stamp, NOW)
+        cycle = idle_closing.cycle(batch, stamp, NOW)
+        assert [a.alert_id for a in early + cycle.alerts] == [a.alert_id for a in expected.alerts]
+        assert cycle.record == expected.record and _state(idle_closing) == _state(cycles_only)
+
+
 def test_the_log_index_trims_only_records_of_closed_books() -> None:
     index = WalIndex()
     for stamp in (1_000, 2_000, 3_000, 4_000):

@@ -127,7 +127,7 @@ class Session:
             self.arrived.set()
 
     async def _cycles(self, engine: Engine) -> None:
-        """Cycle after cycle until the session ends; an idle engine still closes due books."""
+        """Cycle after cycle until the session ends; an idle engine closes books as they fall due."""
         tick = self.config.tick_ms / 1000
         last_report = last_compaction = last_renewal = time.monotonic()
         while not self.ended.is_set() and self.failed is None:
@@ -135,7 +135,9 @@ class Session:
             if not batch:
                 collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
                 self.arrived.clear()
-                await _wait_any(self.arrived, self.ended, tick)
+                wait = idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()), tick,
+                                 self.config.lease_seconds)
+                await _wait_any(self.arrived, self.ended, wait)
                 if self.batcher.ready or self.ended.is_set():
                     continue
             monotonic = time.monotonic()
@@ -346,6 +348,17 @@ class Session:
         self.worker.report()
         if self.life.stopping.is_set() and self.failed is None:
             await self.store.release()
+
+
+def idle_wait(due_ms: int | None, stamp_ms: int, tick: float, lease_seconds: float) -> float:
+    """Seconds an idle engine waits for a message. Until the next book falls due (`due_ms`, a
+    pipeline stamp): closed while idle, its close is off the next message's critical path (a
+    paced 1000-event message's step spent ~0.5 of its ~2.5 ms closing the books due since the
+    one before). At most `tick`, and at most a third of the lease, which waking renews."""
+    longest = min(tick, lease_seconds / 3)
+    if due_ms is None:
+        return longest
+    return min(longest, max(due_ms - stamp_ms, 1) / 1000)
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

@@ -126,6 +126,15 @@ class BookStore:
         groups.append((deadline, keys))
         return keys
 
+    def next_due(self) -> float | None:
+        """The earliest time (epoch s) at which `close_due` has work: a book's deadline or a
+        done marker's expiry; None when there is neither."""
+        times = [groups[0][0] for groups in self._groups.values() if groups]
+        expiry = self.done.next_expiry()
+        if expiry is not None:
+            times.append(expiry)
+        return min(times, default=None)
+
     def close_due(self, now_ts: float, now: datetime) -> list[Alert]:
         """Close every book whose deadline is at or before `now_ts`; forget expired done markers."""
         alerts: list[Alert] = []

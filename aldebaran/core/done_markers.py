@@ -104,6 +104,10 @@ class DoneMarkers:
             self._count -= len(group.keys)
             self._gone(group)
 
+    def next_expiry(self) -> float | None:
+        """When the oldest group expires (epoch s), or None when no key is remembered."""
+        return self._groups[0].expires_at if self._groups else None
+
     @property
     def remembered_seconds(self) -> float:
         """How far back late events are still recognised: the retention, or less past the cap."""
