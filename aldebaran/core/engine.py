@@ -125,7 +125,7 @@ class Engine:
     def next_close_ms(self) -> int | None:
         """The first cycle stamp at which `close` has work (a deadline passed, a done marker
         expired), or None. An idle worker closes then rather than in the next message's cycle:
-        a paced 1000-event message's step spent ~0.45 of its ~1.6 ms closing the books due since
+        a paced 1000-event message's step spent ~0.45 of its ~1.9 ms closing the books due since
         the previous one (`deploy/testbed/cold_step.py`)."""
         due = self.books.next_due()
         if due is None:
