@@ -7,6 +7,9 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
+
+import aldebaran
 
 from aldebaran.bench.drain import Drain
 from aldebaran.bench.paced import Paced, percentiles
@@ -128,3 +131,21 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     assert "every alert once at both channels" in heavy, heavy  # judged from the channels' own counts
     paced = [line for line in verdicts if line.startswith("| paced at")]
     assert len(paced) == 4 and "the broker's floor p99" in paced[0], paced
+
+
+def test_the_bench_s_workers_run_the_code_the_bench_was_imported_from(tmp_path) -> None:
+    """`python -m` puts its working directory first on the path: an `aldebaran` package there
+    would be what a worker imports, whatever tree the bench itself runs."""
+    from aldebaran.bench.environment import pin_workers
+
+    shadow = tmp_path / "aldebaran"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise SystemExit('the shadow package')\n")
+    environ = dict(os.environ)
+    command = [sys.executable, "-m", "aldebaran.cli", "--help"]
+    unpinned = subprocess.run(command, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
+    assert "the shadow package" in unpinned.stderr  # the hazard is real
+    pin_workers(environ)
+    pinned = subprocess.run(command, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
+    assert pinned.returncode == 0 and "usage: aldebaran" in pinned.stdout, pinned.stderr
+    assert environ["PYTHONPATH"].split(os.pathsep)[0] == str(Path(aldebaran.__file__).resolve().parents[1])

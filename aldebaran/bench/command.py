@@ -57,6 +57,9 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     if args.quick:
         args.events, args.sustained_events, args.rounds = 20_000, 0, 1
         args.paced_rate, args.paced_seconds, args.ttl = 5_000, 2.0, 2.0
+    from aldebaran.bench.environment import pin_workers
+
+    pin_workers(os.environ)
     return asyncio.run(_bench(args, settings))
 
 

@@ -11,14 +11,26 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import httpx
 import psutil
 
+import aldebaran
 from aldebaran.io.redis import sync_client
 from aldebaran.settings import Settings
+
+
+def pin_workers(environ: MutableMapping[str, str]) -> None:
+    """Every process the bench starts runs the code the bench was imported from. `python -m`
+    puts its working directory first on the path: a bench imported from a second checkout (on
+    `PYTHONPATH`) but run from main's directory started main's engine, and measured main twice."""
+    root = str(Path(aldebaran.__file__).resolve().parents[1])
+    environ["PYTHONSAFEPATH"] = "1"  # Python 3.11: no working directory first on the path
+    environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [environ.get("PYTHONPATH")])])
 
 
 def _management(settings: Settings) -> httpx.Client:
