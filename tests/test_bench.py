@@ -141,7 +141,7 @@ def test_the_bench_s_workers_run_the_code_the_bench_was_imported_from(tmp_path) 
     shadow = tmp_path / "aldebaran"
     shadow.mkdir()
     (shadow / "__init__.py").write_text("raise SystemExit('the shadow package')\n")
-    environ = dict(os.environ)
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
     command = [sys.executable, "-m", "aldebaran.cli", "--help"]
     unpinned = subprocess.run(command, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=60)
     assert "the shadow package" in unpinned.stderr  # the hazard is real
