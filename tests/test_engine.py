@@ -275,12 +275,12 @@ def test_a_cycle_too_big_to_send_its_record_early_is_logged_and_acked(tmp_path) 
 def test_an_idle_engine_waits_for_the_next_book_due_its_tick_or_its_lease_whichever_comes_first() -> None:
     from workers.engine_session import idle_wait
 
-    assert idle_wait(None, 1_000, tick=0.05, lease_seconds=5) == 0.05  # nothing open: the tick
-    assert idle_wait(1_020, 1_000, tick=0.05, lease_seconds=5) == 0.02  # a book falls due in 20 ms
-    assert idle_wait(9_000, 1_000, tick=0.05, lease_seconds=5) == 0.05
-    assert idle_wait(1_000, 1_000, tick=0.05, lease_seconds=5) == 0.001  # due now: closed next millisecond
-    assert idle_wait(500, 1_000, tick=0.05, lease_seconds=5) == 0.001  # never a busy loop
-    assert idle_wait(None, 1_000, tick=10, lease_seconds=3) == 1.0  # the lease is renewed in time
+    assert idle_wait(None, 1_000, tick=0.05, renew_every=5 / 3) == 0.05  # nothing open: the tick
+    assert idle_wait(1_020, 1_000, tick=0.05, renew_every=5 / 3) == 0.02  # a book falls due in 20 ms
+    assert idle_wait(9_000, 1_000, tick=0.05, renew_every=5 / 3) == 0.05
+    assert idle_wait(1_000, 1_000, tick=0.05, renew_every=5 / 3) == 0.001  # due now: closed next millisecond
+    assert idle_wait(500, 1_000, tick=0.05, renew_every=5 / 3) == 0.001  # never a busy loop
+    assert idle_wait(None, 1_000, tick=10, renew_every=3 / 3) == 1.0  # the lease is renewed in time
 
 
 def test_an_idle_engine_closes_a_book_when_it_falls_due_not_at_its_next_tick(tmp_path) -> None:

@@ -129,14 +129,14 @@ class Session:
     async def _cycles(self, engine: Engine) -> None:
         """Cycle after cycle until the session ends; an idle engine closes books as they fall due."""
         tick = self.config.tick_ms / 1000
+        renew_every = self.config.lease_seconds / 3  # an idle engine wakes in time for it
         last_report = last_compaction = last_renewal = time.monotonic()
         while not self.ended.is_set() and self.failed is None:
             batch = self.batcher.take()
             if not batch:
                 collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
                 self.arrived.clear()
-                wait = idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()), tick,
-                                 self.config.lease_seconds)
+                wait = idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()), tick, renew_every)
                 await _wait_any(self.arrived, self.ended, wait)
                 if self.batcher.ready or self.ended.is_set():
                     continue
@@ -144,7 +144,7 @@ class Session:
             stamp = self.clock.stamp(monotonic)
             now = datetime.now(UTC)
             cycle, logged = await self._step(engine, [d.message for d in batch], stamp, now)
-            if batch or cycle.alerts or monotonic - last_renewal >= self.config.lease_seconds / 3:
+            if batch or cycle.alerts or monotonic - last_renewal >= renew_every:
                 await self._commit(cycle, batch, now, logged)
                 last_renewal = monotonic
             if batch:
@@ -350,12 +350,12 @@ class Session:
             await self.store.release()
 
 
-def idle_wait(due_ms: int | None, stamp_ms: int, tick: float, lease_seconds: float) -> float:
+def idle_wait(due_ms: int | None, stamp_ms: int, tick: float, renew_every: float) -> float:
     """Seconds an idle engine waits for a message. Until the next book falls due (`due_ms`, a
     pipeline stamp): closed while idle, its close is off the next message's critical path (a
     paced 1000-event message's step spent ~0.5 of its ~2.5 ms closing the books due since the
-    one before). At most `tick`, and at most a third of the lease, which waking renews."""
-    longest = min(tick, lease_seconds / 3)
+    one before). At most `tick`, and at most `renew_every`, the lease's renewal interval: waking renews it."""
+    longest = min(tick, renew_every)
     if due_ms is None:
         return longest
     return min(longest, max(due_ms - stamp_ms, 1) / 1000)
