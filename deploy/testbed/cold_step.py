@@ -88,11 +88,10 @@ def main(argv: list[str]) -> int:
     warm_up = count - int(count * 0.6) if ttl else WARM_UP
     tune_gc()
     print(f"{count - warm_up} 1000-event msgpack messages a round, one per cycle; CPU ms per message")
-    modes = [("closed in the step", False), ("closed while idle", True)] if ttl else \
-        [("back to back", False), (f"{pause * 1000:g} ms idle before each", False)]
+    modes = [("closed in the step", pause, False), ("closed while idle", pause, True)] if ttl else \
+        [("back to back", 0.0, False), (f"{pause * 1000:g} ms idle before each", pause, False)]
     for _ in range(rounds):
-        for label, idle_closes in modes:
-            gap = pause if ttl or label != "back to back" else 0.0
+        for label, gap, idle_closes in modes:
             begin, finish, closing = one_round(settings, messages, gap, paced_ms, idle_closes, warm_up)
             extra = f"  (idle closes apart: {closing:.3f})" if idle_closes else ""
             print(f"  {label:24s} begin {begin:.3f}  finish {finish:.3f}  step {begin + finish:.3f}{extra}")
