@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 log = get_logger("engine")
 REPORT_SECONDS = 1.0
 EARLY_RECORD_BYTES = 256 * 1024  # a cycle up to this size sends its record before applying its books
-SEND_TURNS = 3  # event loop turns given to the record's Redis call before the books are applied
+SEND_TURNS = 1  # event loop turns given to the record's Redis call before the books are applied
 
 
 class Session:
@@ -180,9 +180,8 @@ class Session:
     async def _log(self, record: bytes) -> asyncio.Task[Committed]:
         """Send the cycle's record now, without waiting for the reply."""
         task = asyncio.ensure_future(self.store.commit(record, [], []))
-        # A few loop turns: the task takes a pooled connection (redis-py yields once there) and
-        # writes the request, then waits for the reply while the books are applied. Measured:
-        # one turn left ~0.33 ms of the call after the step, two or more ~0.1 ms.
+        # One loop turn: the task writes the request on the store's held connection, then waits for
+        # the reply while the books are applied (`aldebaran/io/held_connection.py`).
         for _ in range(SEND_TURNS):
             await asyncio.sleep(0)
         return task

@@ -34,6 +34,7 @@ from redis.exceptions import ResponseError
 
 from aldebaran.core.engine import Compaction
 from aldebaran.core.wal import DoneImage, WalRecord, decode_done, decode_record, encode_group, image_of
+from aldebaran.io.held_connection import HeldConnection
 from aldebaran.io.redis import Keys, Replicas, as_bytes, run_script
 
 LOAD_PAGE = 500  # log records per LRANGE while loading
@@ -89,6 +90,7 @@ class EngineStore:
         self._done_groups, self._done_clock = key("done-groups"), key("done-clock")
         self._last_op, self._refused = key("last-op"), key("refused")
         self._ops = 0
+        self._held = HeldConnection(redis)  # the cycle's commits: on the engine's critical path
         self._commit = redis.register_script(_COMMIT)
         self._settle = redis.register_script(_SETTLE)
         self._compact = redis.register_script(_COMPACT)
@@ -165,7 +167,10 @@ class EngineStore:
         entry = _ENTRY.encode(list(zip(alert_ids, bodies, strict=True))) if alert_ids else b""
         args = [self.token, self.lease_ms, record or b"", self.retention, op, entry]
         try:
-            flags = await run_script(self.redis, self._commit, keys, args, self.replicas)
+            if self.replicas.count:  # WAIT behind the write, in the same round trip: the client's pipeline
+                flags = await run_script(self.redis, self._commit, keys, args, self.replicas)
+            else:
+                flags = await self._held.run_script(self._commit, keys, args)
         except ResponseError as exc:
             raise _fenced(exc) from None
         fresh = [flag == ord("1") for flag in as_bytes(flags)]
