@@ -83,3 +83,13 @@ async def test_a_scripts_own_error_is_raised_and_the_connection_kept(
         await held.run_script(fence, [key], [])
     assert held._connection is kept and held.handed_back == 1
     assert await held.run_script(count, [key], []) == 3
+
+
+async def test_a_request_larger_than_the_socket_takes_at_once_arrives_whole(
+        redis: aioredis.Redis, settings: Settings) -> None:
+    """A drain's cycle record runs to megabytes: the transport keeps what the socket did not take."""
+    length, held = _script(redis, "-- {tag}\nreturn string.len(ARGV[1])"), HeldConnection(redis)
+    await held.run_script(length, [], [b"x"])  # NOSCRIPT: the client loads it
+    record = bytes(range(256)) * (64 * 1024)  # 16 MB
+    assert await held.run_script(length, [], [record]) == len(record)
+    assert held.handed_back == 1  # answered on the held connection

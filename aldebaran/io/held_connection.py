@@ -53,9 +53,8 @@ class HeldConnection:
         async with self._lock:
             try:
                 connection = self._connection or await self._take()
-                send_now(connection, connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args))
-                if pending_bytes(connection):  # the socket took less than all: the client's send drains it
-                    await connection.send_packed_command([], check_health=False)
+                if send_now(connection, connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)):
+                    await connection.send_packed_command([], check_health=False)  # the client's send drains the rest
                 return await connection.read_response()
             except _HAND_BACK as exc:
                 await self._drop()
@@ -78,18 +77,15 @@ class HeldConnection:
             await self.redis.connection_pool.release(connection)
 
 
-def send_now(connection: AbstractConnection, command: list[bytes]) -> None:
-    """Write a packed command to the connection's socket in this turn of the loop.
+def send_now(connection: AbstractConnection, command: list[bytes]) -> int:
+    """Write a packed command to the connection's socket in this turn of the loop; the bytes the
+    transport still holds after it (the socket's buffer was full), 0 as a rule.
 
-    redis-py's connections keep their stream writer as `_writer` (7.x and 8.x); the write is
-    synchronous there, as in every asyncio stream. Not connected, `ConnectionError`."""
+    redis-py's connections keep their stream writer as `_writer` (7.x and 8.x), the one place
+    this module reaches into them; the write is synchronous there, as in every asyncio stream.
+    Not connected, `ConnectionError`."""
     writer = getattr(connection, "_writer", None)
     if writer is None or writer.transport.is_closing():
         raise RedisConnectionError("the held Redis connection is not connected")
     writer.writelines(command)
-
-
-def pending_bytes(connection: AbstractConnection) -> int:
-    """Bytes the transport still holds after a write (the socket's buffer was full)."""
-    writer = getattr(connection, "_writer", None)
-    return writer.transport.get_write_buffer_size() if writer is not None else 0
+    return int(writer.transport.get_write_buffer_size())
