@@ -78,6 +78,16 @@ LOST = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidS
         aiormq.exceptions.ChannelClosed, ConnectionError, OSError, RuntimeError)
 
 
+def _closing_without_reason(exc: BaseException) -> bool:
+    """True for what aiormq fails every pending confirm with when its connection ends without
+    a reason (the reader saw the socket close): `Exception` itself, no message.
+
+    It fails them in the same pass as the future aio-pika's `is_closed` waits on, in no set
+    order, so the sender can wake while the connection still looks open.
+    """
+    return type(exc) is Exception and not exc.args
+
+
 class _Link:
     """The publisher's connection, replaced by one to the next node when it is lost.
 
@@ -190,14 +200,13 @@ class _Sender:
         except (asyncio.CancelledError, Exception) as exc:  # a loss (LOST) or not: told apart below
             task = asyncio.current_task()
             # Lost with its connection: that one is broken, or another sender has replaced it
-            # already (then the link looks healthy, and only the generation tells).
-            lost = self.link.broken or generation != self.link.generation
+            # already (then the link looks healthy, and only the generation tells), or the
+            # connection is closing and has not said so yet (`_closing_without_reason`).
+            lost = self.link.broken or generation != self.link.generation or _closing_without_reason(exc)
             if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling() or not lost):
                 raise  # a real cancellation, not a confirm dropped with its connection
-            # aiormq fails what a channel closed without a reason still awaits with a bare
-            # `Exception`: a loss when the connection went, anything else is a fault to show.
             if not isinstance(exc, LOST) and not lost:
-                raise
+                raise  # a fault with a reason of its own: shown, not taken for a loss
             self.report.resends += 1
             log.warning("connection lost before the confirm; re-sending on another node",
                         error=str(exc) or type(exc).__name__)
