@@ -32,6 +32,7 @@ from declare.declarer import declare_async
 from declare.topology import TRADE_DATA, engine_partition_queue
 from workers.engine_cycle import CycleOutput, Delivery, alert_payloads
 from workers.runtime import Lifecycle
+from workers.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from workers.engine import EngineWorker
@@ -55,7 +56,7 @@ class Session:
         self.life = life
         self.batcher: NaturalBatcher[Delivery] = NaturalBatcher(self.config.max_cycle_messages,
                                                                 self.config.max_cycles_in_flight)
-        self.arrived = asyncio.Event()
+        self.wakeup = Wakeup()  # a batch is ready, or the session ended
         self.failed: BaseException | None = None
         self.previous: asyncio.Future[None] | None = None  # the last cycle's confirm-and-ack
         self.tasks: set[asyncio.Task[None]] = set()
@@ -124,43 +125,46 @@ class Session:
         self.batcher.add(Delivery(tag, WalMessage(properties.content_type or "", message.body, handed_over),
                                   0.0 if handed_over else published_ms(properties.headers)))
         if self.batcher.ready:
-            self.arrived.set()
+            self.wakeup.wake()
 
     async def _cycles(self, engine: Engine) -> None:
         """Cycle after cycle until the session ends; an idle engine closes books as they fall due."""
         tick = self.config.tick_ms / 1000
         renew_every = self.config.lease_seconds / 3  # an idle engine wakes in time for it
         last_report = last_compaction = last_renewal = time.monotonic()
-        while not self.ended.is_set() and self.failed is None:
-            batch = self.batcher.take()
-            if not batch:
-                collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
-                self.arrived.clear()
-                wait = idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()), tick, renew_every)
-                await _wait_any(self.arrived, self.ended, wait)
-                if self.batcher.ready or self.ended.is_set():
-                    continue
-            monotonic = time.monotonic()
-            stamp = self.clock.stamp(monotonic)
-            now = datetime.now(UTC)
-            cycle, logged = await self._step(engine, [d.message for d in batch], stamp, now)
-            if batch or cycle.alerts or monotonic - last_renewal >= renew_every:
-                await self._commit(cycle, batch, now, logged)
-                last_renewal = monotonic
-            if batch:
-                self.worker.count(cycle)
-            if cycle.conflicts or cycle.rejects or cycle.close_failures:
-                self.worker.troubles(cycle)
-            if monotonic - last_compaction >= self.config.compact_seconds:
-                compaction = engine.compaction()
-                await self.store.compact(compaction)  # fenced: only the owner goes on
-                engine.compacted(compaction)
-                if self.trimming is None or self.trimming.done():
-                    self.trimming = asyncio.ensure_future(self._trim_witnesses())
-                last_compaction = monotonic
-            if monotonic - last_report >= REPORT_SECONDS:
-                self.worker.report()
-                last_report = monotonic
+        watch = self.wakeup.wake_when(self.ended)
+        try:
+            while not self.ended.is_set() and self.failed is None:
+                batch = self.batcher.take()
+                if not batch:
+                    collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
+                    await self.wakeup.wait(idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()),
+                                                     tick, renew_every))
+                    if self.batcher.ready or self.ended.is_set():
+                        continue
+                monotonic = time.monotonic()
+                stamp = self.clock.stamp(monotonic)
+                now = datetime.now(UTC)
+                cycle, logged = await self._step(engine, [d.message for d in batch], stamp, now)
+                if batch or cycle.alerts or monotonic - last_renewal >= renew_every:
+                    await self._commit(cycle, batch, now, logged)
+                    last_renewal = monotonic
+                if batch:
+                    self.worker.count(cycle)
+                if cycle.conflicts or cycle.rejects or cycle.close_failures:
+                    self.worker.troubles(cycle)
+                if monotonic - last_compaction >= self.config.compact_seconds:
+                    compaction = engine.compaction()
+                    await self.store.compact(compaction)  # fenced: only the owner goes on
+                    engine.compacted(compaction)
+                    if self.trimming is None or self.trimming.done():
+                        self.trimming = asyncio.ensure_future(self._trim_witnesses())
+                    last_compaction = monotonic
+                if monotonic - last_report >= REPORT_SECONDS:
+                    self.worker.report()
+                    last_report = monotonic
+        finally:
+            watch.cancel()
         if self.failed is not None:
             raise ConnectionError(f"engine output failed: {self.failed!r}")
 
@@ -271,7 +275,7 @@ class Session:
         finally:
             self.batcher.done()
             if self.batcher.ready:
-                self.arrived.set()
+                self.wakeup.wake()
 
     async def _publish(self, entries: list[str], alert_ids: list[str], bodies: list[bytes]) -> None:
         """Publish outbox entries' alerts with their witness. Unconfirmed (a nack, a connection
@@ -364,11 +368,3 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=timeout)
 
-
-async def _wait_any(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
-    waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
