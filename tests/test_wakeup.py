@@ -15,12 +15,18 @@ async def _turns(count: int = 5) -> None:
         await asyncio.sleep(0)
 
 
+async def _waiting(wakeup: Wakeup) -> asyncio.Future[None]:
+    """A wait with no timeout to speak of, still waiting after a few loop turns."""
+    waiting = asyncio.ensure_future(wakeup.wait(FOREVER))
+    await _turns()
+    assert not waiting.done()
+    return waiting
+
+
 def test_a_wake_ends_the_wait_it_finds() -> None:
     async def scenario() -> None:
         wakeup = Wakeup()
-        waiting = asyncio.ensure_future(wakeup.wait(FOREVER))
-        await _turns()
-        assert not waiting.done()
+        waiting = await _waiting(wakeup)
         wakeup.wake()
         await asyncio.wait_for(waiting, GUARD)
 
@@ -40,9 +46,7 @@ def test_a_wake_while_nobody_waits_is_not_kept_for_the_next_wait() -> None:
     async def scenario() -> None:
         wakeup = Wakeup()
         wakeup.wake()
-        waiting = asyncio.ensure_future(wakeup.wait(FOREVER))
-        await _turns()
-        assert not waiting.done()  # the earlier wake did not end it
+        waiting = await _waiting(wakeup)  # the earlier wake did not end it
         wakeup.wake()
         await asyncio.wait_for(waiting, GUARD)
 
@@ -69,9 +73,7 @@ def test_setting_a_watched_event_wakes_until_the_watch_is_cancelled() -> None:
     async def scenario() -> None:
         wakeup, ended = Wakeup(), asyncio.Event()
         watch = wakeup.wake_when(ended)
-        waiting = asyncio.ensure_future(wakeup.wait(FOREVER))
-        await _turns()
-        assert not waiting.done()
+        waiting = await _waiting(wakeup)
         ended.set()
         await asyncio.wait_for(waiting, GUARD)
 
@@ -79,8 +81,7 @@ def test_setting_a_watched_event_wakes_until_the_watch_is_cancelled() -> None:
         stopped = wakeup.wake_when(other)
         stopped.cancel()
         await _turns()
-        waiting = asyncio.ensure_future(wakeup.wait(FOREVER))
-        await _turns()
+        waiting = await _waiting(wakeup)
         other.set()
         await _turns()
         assert not waiting.done()  # its watch was cancelled: setting the event wakes nothing
