@@ -3,8 +3,8 @@
 The engine's cycle loop waits like this once per idle spell: at low load once per message,
 and once per group of books falling due in between. Waiting on two `asyncio.Event`s through
 `asyncio.wait` made two tasks, a timer and two cancellations each time, and took two more
-loop turns from the wake to the waiter: 19.9 µs of CPU per wait against 3.7 for this on
-uvloop, the engine's loop (a bare loop turn: 1.8), on 2026-11-29's host.
+loop turns from the wake to the waiter: 15.6-28.9 µs of CPU per wait against 3.7-6.3 for this
+on uvloop, the engine's loop, in four runs on 2026-11-29's host (`deploy/testbed/idle_wait.py`).
 """
 
 from __future__ import annotations
