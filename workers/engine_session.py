@@ -367,4 +367,3 @@ def idle_wait(due_ms: int | None, stamp_ms: int, tick: float, renew_every: float
 async def _wait(event: asyncio.Event, timeout: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout=timeout)
-
