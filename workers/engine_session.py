@@ -240,6 +240,7 @@ class Session:
 
     async def _confirm_and_ack(self, output: CycleOutput, previous: asyncio.Future[None] | None,
                                mine: asyncio.Future[None]) -> None:
+        released = False
         try:
             sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason, _ in output.rejects]
             if output.alert_ids:
@@ -248,6 +249,8 @@ class Session:
                 sends.append(hand_over(self.out, output.handovers))
             if sends:
                 await asyncio.gather(*sends)
+            else:  # nothing of its own to confirm: it only waits to ack after the earlier cycles
+                released = self._release()
             for _, reason, key in output.rejects:
                 held = self.worker.throttle.allow(key)
                 if held is not None:
@@ -273,9 +276,19 @@ class Session:
                 mine.set_exception(exc)
             mine.exception()  # retrieved: a later cycle re-raises it, nobody else must
         finally:
-            self.batcher.done()
-            if self.batcher.ready:
-                self.wakeup.wake()
+            if not released:
+                self._release()
+
+    def _release(self) -> bool:
+        """Free a cycle's place among `max_cycles_in_flight`. A cycle with outputs holds it until it
+        is acked: under load, what arrives meanwhile forms the next cycle, and fewer, fuller cycles
+        publish fewer alert batches (freed at its confirm instead, alert-heavy drains took 5-15 %
+        more CPU per event). A cycle without outputs frees it at once: it waits for nothing but
+        the earlier cycles' acks, and held, it kept the next message's books waiting for them."""
+        self.batcher.done()
+        if self.batcher.ready:
+            self.wakeup.wake()
+        return True
 
     async def _publish(self, entries: list[str], alert_ids: list[str], bodies: list[bytes]) -> None:
         """Publish outbox entries' alerts with their witness. Unconfirmed (a nack, a connection
