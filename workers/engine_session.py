@@ -250,7 +250,8 @@ class Session:
             if sends:
                 await asyncio.gather(*sends)
             else:  # nothing of its own to confirm: it only waits to ack after the earlier cycles
-                released = self._release()
+                self._release()
+                released = True
             for _, reason, key in output.rejects:
                 held = self.worker.throttle.allow(key)
                 if held is not None:
@@ -279,7 +280,7 @@ class Session:
             if not released:
                 self._release()
 
-    def _release(self) -> bool:
+    def _release(self) -> None:
         """Free a cycle's place among `max_cycles_in_flight`. A cycle with outputs holds it until it
         is acked: under load, what arrives meanwhile forms the next cycle, and fewer, fuller cycles
         publish fewer alert batches (freed at its confirm instead, alert-heavy drains took 5-15 %
@@ -288,7 +289,6 @@ class Session:
         self.batcher.done()
         if self.batcher.ready:
             self.wakeup.wake()
-        return True
 
     async def _publish(self, entries: list[str], alert_ids: list[str], bodies: list[bytes]) -> None:
         """Publish outbox entries' alerts with their witness. Unconfirmed (a nack, a connection
