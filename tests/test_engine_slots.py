@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from aldebaran.core.wal import WalMessage
 from aldebaran.settings import Settings
+from tests.support.waiting import eventually, loop_turns
 from workers.engine_cycle import CycleOutput, Delivery
 from workers.engine_session import Session
 
@@ -36,17 +37,6 @@ def _delivery(tag: int) -> Delivery:
     return Delivery(tag, WalMessage("application/json", b"[]"), 0.0)
 
 
-async def _until(condition: object, what: str) -> None:
-    async def poll() -> None:
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0)
-
-    try:
-        await asyncio.wait_for(poll(), GUARD)
-    except TimeoutError:
-        raise AssertionError(f"not within {GUARD} s: {what}") from None
-
-
 def test_a_cycle_with_nothing_to_confirm_frees_its_place_while_an_earlier_cycle_is_unacked() -> None:
     """With every place taken, a message waits for a cycle; a cycle with nothing to confirm
     lets it start at once, though its own ack waits for the earlier cycles'."""
@@ -63,7 +53,7 @@ def test_a_cycle_with_nothing_to_confirm_frees_its_place_while_an_earlier_cycle_
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         last = CycleOutput(last_tag=slots, rejects=[], oldest_published_ms=0.0, handovers=[])
         task = asyncio.ensure_future(session._confirm_and_ack(last, earlier, mine))
-        await _until(lambda: batcher.ready, "the waiting message may start a cycle")
+        await eventually(lambda: batcher.ready, "the waiting message may start a cycle", GUARD, pause=0)
         assert batcher.in_flight == slots - 1
         assert session.inbound.acks == [], "nothing is acked before the earlier cycles are"  # type: ignore[attr-defined]
         assert not mine.done()
@@ -100,9 +90,8 @@ def test_a_cycle_with_alerts_keeps_its_place_until_it_is_acked() -> None:
         output = CycleOutput(last_tag=1, rejects=[], oldest_published_ms=0.0, handovers=[],
                              alert_ids=["a"], bodies=[b"{}"], kinds=["over_purchase"])
         task = asyncio.ensure_future(session._confirm_and_ack(output, earlier, mine))
-        await _until(lambda: published == [["a"]], "the cycle's alerts are published")
-        for _ in range(5):
-            await asyncio.sleep(0)
+        await eventually(lambda: published == [["a"]], "the cycle's alerts are published", GUARD, pause=0)
+        await loop_turns()
         assert batcher.in_flight == 1, "confirmed but not acked: the cycle keeps its place"
         earlier.set_result(None)
         await asyncio.wait_for(task, GUARD)

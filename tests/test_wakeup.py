@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.support.waiting import loop_turns
 from workers.wakeup import Wakeup
 
 GUARD = 10.0  # seconds: a wait that a wake should end but does not fails the test here
 FOREVER = 3600.0
 
 
-async def _turns(count: int = 5) -> None:
-    for _ in range(count):
-        await asyncio.sleep(0)
-
-
 async def _waiting(wakeup: Wakeup) -> asyncio.Future[None]:
     """A wait with no timeout to speak of, still waiting after a few loop turns."""
     waiting = asyncio.ensure_future(wakeup.wait(FOREVER))
-    await _turns()
+    await loop_turns()
     assert not waiting.done()
     return waiting
 
@@ -57,7 +53,7 @@ def test_an_earlier_waits_timer_does_not_end_a_later_wait() -> None:
     async def scenario() -> None:
         wakeup = Wakeup()
         first = asyncio.ensure_future(wakeup.wait(0.05))
-        await _turns()
+        await loop_turns()
         wakeup.wake()
         await first
         second = asyncio.ensure_future(wakeup.wait(FOREVER))
@@ -80,10 +76,10 @@ def test_setting_a_watched_event_wakes_until_the_watch_is_cancelled() -> None:
         other = asyncio.Event()
         stopped = wakeup.wake_when(other)
         stopped.cancel()
-        await _turns()
+        await loop_turns()
         waiting = await _waiting(wakeup)
         other.set()
-        await _turns()
+        await loop_turns()
         assert not waiting.done()  # its watch was cancelled: setting the event wakes nothing
         wakeup.wake()
         await asyncio.wait_for(waiting, GUARD)

@@ -71,6 +71,14 @@ async def eventually(probe: Callable[[], T | Awaitable[T]], what: What, timeout:
         await asyncio.sleep(pause)
 
 
+async def loop_turns(count: int = 5) -> None:
+    """Let the running loop take `count` turns: inside one event loop, what a woken task or a
+    set future would do next has happened by then, so a check that something did NOT happen
+    (a wait still on, a place still held) can follow without a fixed interval."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
 def quiet_window(seconds: float, why: str, listen: Callable[[], object] | None = None,
                  pause: float = 0.1) -> None:
     """Listen for `seconds` for something that must NOT come, calling `listen` (a drain)
