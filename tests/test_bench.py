@@ -119,7 +119,11 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     floors = [line for line in report.splitlines() if line.startswith("| broker floor")]
     assert len(floors) == 2, report  # the broker's own publish -> delivered under each paced load
     for row in floors:  # every message delivered and stamped: a p50 of the floor is a number
-        assert float(row.split("|")[4].split("/")[0]) >= 0 and row.split("|")[5].strip() == "– / – / –", row
+        cells = row.split("|")
+        assert float(cells[4].split("/")[0]) >= 0 and (cells[5].strip(), cells[6].strip()) == ("– / –", "– / – / –"), row
+    for row in rows[6:]:  # each message is delivered, then its cycle starts, then it is in its book
+        delivered, started = (float(part) for part in row.split("|")[5].split("/"))
+        assert 0 <= delivered <= started <= float(row.split("|")[4].split("/")[2]), row
     for row in rows[:6]:  # correctness, not speed: every alert once, none wrong
         ok, wrong, missing, dup = (cell.strip() for cell in row.split("|")[7].split("/"))
         assert (wrong, missing, dup) == ("0", "0", "0") and int(ok.replace(",", "")) > 0, row

@@ -24,6 +24,7 @@ from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_
 from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.engine_store import Committed, Outbox
 from aldebaran.io.handover import hand_over
+from aldebaran.io.latency_samples import ALERT, BOOK, DELIVERED, STARTED
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
 from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, ALERTS_UNCONFIRMED, BATCH_EVENTS, PROCESSING_LATENCY
@@ -122,8 +123,11 @@ class Session:
         properties = message.header.properties
         tag = message.delivery_tag
         assert tag is not None, "a consumed message always carries its delivery tag"
-        self.batcher.add(Delivery(tag, WalMessage(properties.content_type or "", message.body, handed_over),
-                                  0.0 if handed_over else published_ms(properties.headers)))
+        delivery = Delivery(tag, WalMessage(properties.content_type or "", message.body, handed_over),
+                            0.0 if handed_over else published_ms(properties.headers))
+        self.batcher.add(delivery)
+        if self.worker.samples.enabled and delivery.published_ms:
+            self.worker.samples.add(DELIVERED, max(0.0, time.time() * 1000 - delivery.published_ms))
         if self.batcher.ready:
             self.wakeup.wake()
 
@@ -144,6 +148,8 @@ class Session:
                         continue
                 monotonic = time.monotonic()
                 stamp = self.clock.stamp(monotonic)
+                if self.worker.samples.enabled:
+                    self._sample_start(batch)
                 now = datetime.now(UTC)
                 cycle, logged = await self._step(engine, [d.message for d in batch], stamp, now)
                 if batch or cycle.alerts or monotonic - last_renewal >= renew_every:
@@ -225,6 +231,14 @@ class Session:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def _sample_start(self, batch: list[Delivery]) -> None:
+        """Publish -> cycle start of each message, beside publish -> delivered and -> book: where a
+        slow message waited (in the broker, for a cycle, or in its own)."""
+        wall_ms = time.time() * 1000
+        for delivery in batch:
+            if delivery.published_ms:
+                self.worker.samples.add(STARTED, max(0.0, wall_ms - delivery.published_ms))
+
     def _book_latency(self, batch: list[Delivery]) -> None:
         """Publish -> book of each message: its events are applied and its cycle is logged."""
         if not batch:
@@ -236,7 +250,7 @@ class Session:
                 latency = max(0.0, wall_ms - delivery.published_ms)
                 histogram.observe(latency / 1000)
                 if self.worker.samples.enabled:
-                    self.worker.samples.add(0, latency)
+                    self.worker.samples.add(BOOK, latency)
 
     async def _confirm_and_ack(self, output: CycleOutput, previous: asyncio.Future[None] | None,
                                mine: asyncio.Future[None]) -> None:
@@ -315,7 +329,7 @@ class Session:
         PROCESSING_LATENCY.labels(stage="alert").observe(latency / 1000)
         if self.worker.samples.enabled:
             for _ in output.alert_ids:
-                self.worker.samples.add(1, latency)
+                self.worker.samples.add(ALERT, latency)
 
     async def _republish(self, outbox: Outbox) -> None:
         """Alerts recorded but never marked sent (a crash in between), as recovery loaded them:

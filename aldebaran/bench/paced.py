@@ -94,7 +94,7 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
     finally:
         await stop_process(worker)
     measured = read_samples(samples)
-    result.latency = {"book": percentiles(measured["book"]), "alert": percentiles(measured["alert"])}
+    result.latency = {stage: percentiles(values) for stage, values in measured.items()}
     return result
 
 

@@ -21,7 +21,7 @@ import time
 import aiormq
 import aiormq.abc
 
-from aldebaran.io.latency_samples import LatencySamples
+from aldebaran.io.latency_samples import BOOK, LatencySamples
 from aldebaran.io.publisher import published_ms
 from aldebaran.runtime_tuning import run
 from aldebaran.settings import Settings
@@ -39,7 +39,7 @@ async def consume(settings: Settings, samples: LatencySamples, messages: int) ->
         nonlocal seen
         stamp = published_ms(message.header.properties.headers)
         if stamp:
-            samples.add(0, max(0.0, time.time() * 1000 - stamp))
+            samples.add(BOOK, max(0.0, time.time() * 1000 - stamp))
         await channel.basic_ack(message.delivery_tag)  # type: ignore[arg-type]
         seen += 1
         if seen >= messages and not done.done():

@@ -59,8 +59,9 @@ DRAIN_HEADER = ("| workload | system | events/s | × hand-written | × Bytewax |
                 "| note |\n"
                 "|---|---|---:|---:|---:|---|---|---:|---|")
 PACED_HEADER = ("| run | offered events/s | events | publish→book (floor: →delivered) p50 / p95 / p99 (ms) | "
+                "of which p99 publish→delivered / →cycle start (ms) | "
                 "publish→alert confirmed p50 / p95 / p99 (ms) | CPU cores (consumer, RabbitMQ, Redis) |\n"
-                "|---|---:|---:|---|---|---|")
+                "|---|---:|---:|---|---|---|---|")
 
 
 def median_paced(runs: Sequence[Paced]) -> Paced:
@@ -82,8 +83,13 @@ def paced_row(run: Paced) -> str:
         marks = run.latency.get(stage) or {}
         return " / ".join(f"{marks[m]:.1f}" if m in marks else "–" for m in ("p50", "p95", "p99"))
 
+    def p99(stage: str) -> str:
+        marks = run.latency.get(stage) or {}
+        return f"{marks['p99']:.1f}" if "p99" in marks else "–"
+
     cores = ", ".join(f"{run.cpu.get(k, 0):.2f}" for k in ("consumer", "rabbitmq", "redis"))
-    return f"| {run.name} | {run.offered:,.0f} | {run.events:,} | {cell('book')} | {cell('alert')} | {cores} |"
+    return (f"| {run.name} | {run.offered:,.0f} | {run.events:,} | {cell('book')} | "
+            f"{p99('delivered')} / {p99('started')} | {cell('alert')} | {cores} |")
 
 
 def section(command: str, when: str, drains: list[str], paced: list[str], notes: Sequence[str],

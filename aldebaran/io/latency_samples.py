@@ -12,7 +12,10 @@ import struct
 from array import array
 from pathlib import Path
 
-STAGES = ("book", "alert")
+# publish -> book and -> alert confirmed; where a message's publish -> book went: -> delivered (the
+# consumer's callback took it: the broker's time and any wait for the consumer's loop), -> its cycle's start.
+STAGES = ("book", "alert", "delivered", "started")
+BOOK, ALERT, DELIVERED, STARTED = range(len(STAGES))
 _RECORD = struct.Struct("<Bdd")
 
 
