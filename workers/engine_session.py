@@ -21,17 +21,16 @@ from aldebaran.core.pipeline_clock import PipelineClock
 from aldebaran.core.wal import WalMessage
 from aldebaran.io.alert_bus import publish_alerts
 from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_queue
-from aldebaran.io.dead_letter import dead_letter
 from aldebaran.io.engine_store import Committed, Outbox
-from aldebaran.io.handover import hand_over
-from aldebaran.io.latency_samples import ALERT, BOOK, DELIVERED, STARTED
+from aldebaran.io.latency_samples import BOOK, DELIVERED, STARTED
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
-from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_FIRED, ALERTS_UNCONFIRMED, BATCH_EVENTS, PROCESSING_LATENCY
+from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_UNCONFIRMED, BATCH_EVENTS, PROCESSING_LATENCY
 from aldebaran.runtime_tuning import collect_when_idle
 from declare.declarer import declare_async
 from declare.topology import TRADE_DATA, engine_partition_queue
 from workers.engine_cycle import CycleOutput, Delivery, alert_payloads
+from workers.engine_output import OutputRounds
 from workers.runtime import Lifecycle
 from workers.wakeup import Wakeup
 
@@ -55,12 +54,12 @@ class Session:
         self.connection = connection
         self.ended = ended
         self.life = life
-        self.batcher: NaturalBatcher[Delivery] = NaturalBatcher(self.config.max_cycle_messages,
-                                                                self.config.max_cycles_in_flight)
+        # One cycle at a time; what arrives during it forms the next (`aldebaran/core/batching.py`).
+        self.batcher: NaturalBatcher[Delivery] = NaturalBatcher(self.config.max_cycle_messages)
+        # Confirms and acks, apart from the cycles: at most `max_cycles_in_flight` cycles wait there.
+        self.rounds = OutputRounds(self, self.config.max_cycles_in_flight, on_round=self._wake_if_ready)
         self.wakeup = Wakeup()  # a batch is ready, or the session ended
         self.failed: BaseException | None = None
-        self.previous: asyncio.Future[None] | None = None  # the last cycle's confirm-and-ack
-        self.tasks: set[asyncio.Task[None]] = set()
         self.trimming: asyncio.Future[None] | None = None  # reading alert witnesses (one at a time)
         self.witness_queue = witness_queue(worker.settings)
 
@@ -128,7 +127,14 @@ class Session:
         self.batcher.add(delivery)
         if self.worker.samples.enabled and delivery.published_ms:
             self.worker.samples.add(DELIVERED, max(0.0, time.time() * 1000 - delivery.published_ms))
-        if self.batcher.ready:
+        self._wake_if_ready()
+
+    def _may_start(self) -> bool:
+        """A batch is waiting, and the output path holds fewer cycles than `max_cycles_in_flight`."""
+        return self.batcher.ready and len(self.rounds) < self.config.max_cycles_in_flight
+
+    def _wake_if_ready(self) -> None:
+        if self._may_start():
             self.wakeup.wake()
 
     async def _cycles(self, engine: Engine) -> None:
@@ -139,12 +145,12 @@ class Session:
         watch = self.wakeup.wake_when(self.ended)
         try:
             while not self.ended.is_set() and self.failed is None:
-                batch = self.batcher.take()
+                batch = self.batcher.take() if len(self.rounds) < self.config.max_cycles_in_flight else []
                 if not batch:
                     collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
                     await self.wakeup.wait(idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()),
                                                      tick, renew_every))
-                    if self.batcher.ready or self.ended.is_set():
+                    if self._may_start() or self.ended.is_set():
                         continue
                 monotonic = time.monotonic()
                 stamp = self.clock.stamp(monotonic)
@@ -156,6 +162,7 @@ class Session:
                     await self._commit(cycle, batch, now, logged)
                     last_renewal = monotonic
                 if batch:
+                    self.batcher.done()  # committed: its confirms and ack are the output path's
                     self.worker.count(cycle)
                 if cycle.conflicts or cycle.rejects or cycle.close_failures:
                     self.worker.troubles(cycle)
@@ -198,10 +205,10 @@ class Session:
 
     async def _commit(self, cycle: Cycle, batch: list[Delivery], now: datetime,
                       logged: asyncio.Task[Committed] | None) -> None:
-        """Log the cycle (or wait for its record, sent early) and record its alerts; confirm and
-        ack in the background. A crash between an early record and its alerts leaves a logged
-        cycle whose alerts were never recorded: recovery replays it and records them then
-        (`EngineWorker.recover`)."""
+        """Log the cycle (or wait for its record, sent early) and record its alerts, then hand its
+        output to the output path (`workers/engine_output.py`), which confirms and acks it. A crash
+        between an early record and its alerts leaves a logged cycle whose alerts were never
+        recorded: recovery replays it and records them then (`EngineWorker.recover`)."""
         output = CycleOutput.of(cycle, batch)
         ids, bodies = alert_payloads(cycle.alerts)
         if logged is not None:
@@ -222,14 +229,8 @@ class Session:
         output.kinds = [cycle.alerts[i].kind for i in new]
         if batch:
             BATCH_EVENTS.labels(stage="ingress").observe(cycle.events)
-        if not batch:
-            if not output.alert_ids:
-                return
-            self.batcher.in_flight += 1  # a closing-only cycle is in flight too: `done` balances it
-        previous, self.previous = self.previous, asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(self._confirm_and_ack(output, previous, self.previous))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        if batch or output.alert_ids:
+            self.rounds.put(output)
 
     def _sample_start(self, batch: list[Delivery]) -> None:
         """Publish -> cycle start of each message, beside publish -> delivered and -> book: where a
@@ -252,59 +253,14 @@ class Session:
                 if self.worker.samples.enabled:
                     self.worker.samples.add(BOOK, latency)
 
-    async def _confirm_and_ack(self, output: CycleOutput, previous: asyncio.Future[None] | None,
-                               mine: asyncio.Future[None]) -> None:
-        released = False
-        try:
-            sends = [dead_letter(self.out, body, reason, TRADE_DATA) for body, reason, _ in output.rejects]
-            if output.alert_ids:
-                sends.append(self._publish([output.entry] if output.entry else [], output.alert_ids, output.bodies))
-            if output.handovers:
-                sends.append(hand_over(self.out, output.handovers))
-            if sends:
-                await asyncio.gather(*sends)
-            else:  # nothing of its own to confirm: it only waits to ack after the earlier cycles
-                self._release()
-                released = True
-            for _, reason, key in output.rejects:
-                held = self.worker.throttle.allow(key)
-                if held is not None:
-                    log.warning("dead-lettered", reason=reason, held_back=held)
-            if previous is not None:
-                await previous
-            if output.last_tag:
-                await self.inbound.basic_ack(output.last_tag, multiple=True)
-            if output.alert_ids:
-                await self.store.mark_sent([output.entry] if output.entry else [], output.bodies)
-                for kind in set(output.kinds):
-                    ALERTS_FIRED.labels(kind=kind).inc(output.kinds.count(kind))
-                self._alert_latency(output)
-                log.debug("alerts published", count=len(output.alert_ids), first=output.alert_ids[:5])
-            mine.set_result(None)
-        except BaseException as exc:  # noqa: BLE001 - any failure ends the session; the broker redelivers
-            if self.failed is None:
-                log.error("engine output failed; the session restarts and unacked input comes back",
-                          error=repr(exc))
-                self.failed = exc
-                self.ended.set()
-            if not mine.done():
-                mine.set_exception(exc)
-            mine.exception()  # retrieved: a later cycle re-raises it, nobody else must
-        finally:
-            if not released:
-                self._release()
+    def fail(self, exc: BaseException) -> None:
+        """The output path failed: the session ends, and unacked input comes back from the broker."""
+        if self.failed is None:
+            log.error("engine output failed; the session restarts and unacked input comes back", error=repr(exc))
+            self.failed = exc
+            self.ended.set()
 
-    def _release(self) -> None:
-        """Free a cycle's place among `max_cycles_in_flight`. A cycle with outputs holds it until it
-        is acked: under load, what arrives meanwhile forms the next cycle, and fewer, fuller cycles
-        publish fewer alert batches (freed at its confirm instead, alert-heavy drains took 5-15 %
-        more CPU per event). A cycle without outputs frees it at once: it waits for nothing but
-        the earlier cycles' acks, and held, it kept the next message's books waiting for them."""
-        self.batcher.done()
-        if self.batcher.ready:
-            self.wakeup.wake()
-
-    async def _publish(self, entries: list[str], alert_ids: list[str], bodies: list[bytes]) -> None:
+    async def publish(self, entries: list[str], alert_ids: list[str], bodies: list[bytes]) -> None:
         """Publish outbox entries' alerts with their witness. Unconfirmed (a nack, a connection
         lost), the witness proves nothing: one queue may hold the batch and another not, so the
         entries are listed as refused before the failure ends the session, and are published again."""
@@ -321,15 +277,6 @@ class Session:
                 log.warning("alert publish not confirmed: published again after the restart",
                             count=len(alert_ids), error=repr(exc))
             raise
-
-    def _alert_latency(self, output: CycleOutput) -> None:
-        if not output.oldest_published_ms:
-            return
-        latency = max(0.0, time.time() * 1000 - output.oldest_published_ms)
-        PROCESSING_LATENCY.labels(stage="alert").observe(latency / 1000)
-        if self.worker.samples.enabled:
-            for _ in output.alert_ids:
-                self.worker.samples.add(ALERT, latency)
 
     async def _republish(self, outbox: Outbox) -> None:
         """Alerts recorded but never marked sent (a crash in between), as recovery loaded them:
@@ -348,7 +295,7 @@ class Session:
             return
         pending = outbox.alerts
         ids, bodies = list(pending), list(pending.values())
-        await self._publish(list(outbox.entries), ids, bodies)  # an entry is never empty
+        await self.publish(list(outbox.entries), ids, bodies)  # an entry is never empty
         await self.store.mark_sent(list(outbox.entries), bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 
@@ -371,8 +318,8 @@ class Session:
 
     async def _finish(self) -> None:
         """Wait for the cycles in flight (confirms, acks); what was not processed comes back from the broker."""
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=self.worker.settings.shutdown_grace_seconds)
+        await self.rounds.drained(self.worker.settings.shutdown_grace_seconds)
+        self.rounds.cancel()
         if self.trimming is not None:
             self.trimming.cancel()  # unacked witnesses go back to the queue with the channel
         self.worker.report()

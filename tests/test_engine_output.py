@@ -1,0 +1,162 @@
+"""The engine's output path (`workers/engine_output.py`): a cycle hands its output over and the next
+cycle may start at once; outputs handed over while a round is confirmed go out together in the next
+round; nothing is acked before its round, and every earlier one, is confirmed.
+
+Through fakes of the ingress channel and the publish: a real broker cannot be made to hold one
+confirm back on cue. The same path runs against RabbitMQ and Redis in `tests/test_engine.py` and
+the engine's fault and shutdown tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from prometheus_client import REGISTRY
+
+from aldebaran.core.wal import WalMessage
+from aldebaran.settings import EngineSettings, Settings
+from tests.support.waiting import eventually, loop_turns
+from workers.engine_cycle import CycleOutput, Delivery
+from workers.engine_session import Session
+
+GUARD = 10.0  # seconds: a step that should happen at once fails the test here
+
+
+class _Inbound:
+    """The ingress channel as the output path uses it: acks, recorded."""
+
+    def __init__(self) -> None:
+        self.acks: list[tuple[int, bool]] = []
+
+    async def basic_ack(self, tag: int, multiple: bool = False) -> None:
+        self.acks.append((tag, multiple))
+
+
+class _Bus:
+    """Alert publishes, recorded; each waits for the test to confirm it (or refuse it)."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[list[str], list[str]]] = []  # (entries, alert ids)
+        self.confirms: list[asyncio.Future[None]] = []
+        self.marked: list[list[str]] = []
+
+    async def publish(self, entries: list[str], alert_ids: list[str], _: list[bytes]) -> None:
+        self.published.append((entries, alert_ids))
+        confirm: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.confirms.append(confirm)
+        await confirm
+
+    async def mark_sent(self, entries: list[str], _: list[bytes]) -> None:
+        self.marked.append(list(entries))
+
+
+def _session(max_cycles_in_flight: int = 16) -> tuple[Session, _Bus]:
+    settings = Settings(engine=EngineSettings(max_cycles_in_flight=max_cycles_in_flight))
+    bus = _Bus()
+    worker = SimpleNamespace(config=settings.engine, store=bus, settings=settings,
+                             samples=SimpleNamespace(enabled=False))
+    session = Session(worker, connection=None, ended=asyncio.Event(), life=None)  # type: ignore[arg-type]
+    session.inbound = _Inbound()  # type: ignore[assignment]
+    session.publish = bus.publish  # type: ignore[method-assign]
+    return session, bus
+
+
+def _output(tag: int, *alerts: str) -> CycleOutput:
+    return CycleOutput(last_tag=tag, rejects=[], oldest_published_ms=0.0, handovers=[], alert_ids=list(alerts),
+                       bodies=[b"{}"] * len(alerts), kinds=["over_purchase"] * len(alerts),
+                       entry=f"entry-{tag}" if alerts else None)
+
+
+def _waiting_message(session: Session, tag: int) -> None:
+    session.batcher.add(Delivery(tag, WalMessage("application/json", b"[]"), 0.0))
+
+
+def _acks(session: Session) -> list[tuple[int, bool]]:
+    return session.inbound.acks  # type: ignore[attr-defined, no-any-return]
+
+
+def test_the_next_cycle_may_start_while_a_cycles_alerts_are_confirmed() -> None:
+    async def scenario() -> None:
+        session, bus = _session()
+        session.rounds.put(_output(1, "a"))
+        await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
+        session.rounds.put(_output(2, "b"))
+        _waiting_message(session, 3)
+        assert session._may_start(), "a cycle awaiting its confirm holds no cycle back"
+        assert _acks(session) == []
+        bus.confirms[0].set_result(None)
+        await eventually(lambda: len(bus.confirms) == 2, "the second round's publish", GUARD, pause=0)
+        assert _acks(session) == [(1, True)]
+        session.rounds.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_outputs_handed_over_during_a_round_go_out_together_in_the_next() -> None:
+    def alert_batches() -> tuple[float, float]:
+        labels = {"stage": "alert"}
+        return (REGISTRY.get_sample_value("aldebaran_batch_events_count", labels) or 0.0,
+                REGISTRY.get_sample_value("aldebaran_batch_events_sum", labels) or 0.0)
+
+    async def scenario() -> None:
+        session, bus = _session()
+        rounds_before, alerts_before = alert_batches()
+        session.rounds.put(_output(1, "a"))
+        await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
+        for output in (_output(2, "b"), _output(3), _output(4, "c", "d")):
+            session.rounds.put(output)
+        await loop_turns()
+        assert bus.published == [(["entry-1"], ["a"])], "one round in flight at a time"
+        assert _acks(session) == [], "nothing is acked before its round is confirmed"
+        bus.confirms[0].set_result(None)
+        await eventually(lambda: len(bus.confirms) == 2, "the second round's publish", GUARD, pause=0)
+        assert bus.published[1] == (["entry-2", "entry-4"], ["b", "c", "d"]), "one batch for the round"
+        assert _acks(session) == [(1, True)]
+        bus.confirms[1].set_result(None)
+        await session.rounds.drained(GUARD)
+        assert _acks(session) == [(1, True), (4, True)], "one multiple-ack covers the round's cycles"
+        assert bus.marked == [["entry-1"], ["entry-2", "entry-4"]]
+        rounds_after, alerts_after = alert_batches()
+        assert (rounds_after - rounds_before, alerts_after - alerts_before) == (2, 4), "alerts per round, observed"
+        assert len(session.rounds) == 0
+        session.rounds.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_past_max_cycles_in_flight_the_next_cycle_waits_for_a_round_and_is_woken() -> None:
+    async def scenario() -> None:
+        session, bus = _session(max_cycles_in_flight=2)
+        session.rounds.put(_output(1, "a"))
+        await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
+        session.rounds.put(_output(2))
+        _waiting_message(session, 3)
+        assert not session._may_start(), "two cycles await the output path: the next one waits"
+        woken = asyncio.ensure_future(session.wakeup.wait(GUARD))
+        await loop_turns()
+        assert not woken.done()
+        bus.confirms[0].set_result(None)
+        await asyncio.wait_for(woken, GUARD / 2)  # the round woke the loop, well before the wait's bound
+        assert session._may_start()
+        await session.rounds.drained(GUARD)
+        assert _acks(session) == [(1, True), (2, True)]
+        session.rounds.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_round_ends_the_session_and_nothing_after_it_is_acked() -> None:
+    async def scenario() -> None:
+        session, bus = _session()
+        session.rounds.put(_output(1, "a"))
+        await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
+        session.rounds.put(_output(2))
+        bus.confirms[0].set_exception(ConnectionError("the broker went away"))
+        await session.rounds.drained(GUARD)
+        assert session.ended.is_set() and isinstance(session.failed, ConnectionError)
+        session.rounds.put(_output(3))
+        await loop_turns()
+        assert _acks(session) == [] and bus.marked == []
+
+    asyncio.run(scenario())
