@@ -170,8 +170,8 @@ class EngineSettings(_Strict):
 
     prefetch: Annotated[int, Field(ge=1, le=65535)] = 256  # ingress messages unacked at once
     max_cycle_messages: Annotated[int, Field(ge=1, le=65535)] = 64  # messages one cycle takes at most
-    # Committed cycles awaiting their confirms and ack (the output path's) before the next cycle waits.
-    max_cycles_in_flight: Annotated[int, Field(ge=1, le=64)] = 16
+    # Full cycles' worth of messages awaiting their confirms and ack (the output path's) before the next waits.
+    max_cycles_in_flight: Annotated[int, Field(ge=1, le=64)] = 2
     tick_ms: Annotated[float, Field(gt=0, le=10_000)] = 50.0  # longest idle wait (sooner as books fall due)
     lease_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0  # a dead owner's books move after this
     compact_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0  # done markers stored, the log trimmed

@@ -51,8 +51,8 @@ class _Bus:
         self.marked.append(list(entries))
 
 
-def _session(max_cycles_in_flight: int = 16) -> tuple[Session, _Bus]:
-    settings = Settings(engine=EngineSettings(max_cycles_in_flight=max_cycles_in_flight))
+def _session(**engine: int) -> tuple[Session, _Bus]:
+    settings = Settings(engine=EngineSettings(**engine))
     bus = _Bus()
     worker = SimpleNamespace(config=settings.engine, store=bus, settings=settings,
                              samples=SimpleNamespace(enabled=False))
@@ -65,7 +65,7 @@ def _session(max_cycles_in_flight: int = 16) -> tuple[Session, _Bus]:
 def _output(tag: int, *alerts: str) -> CycleOutput:
     return CycleOutput(last_tag=tag, rejects=[], oldest_published_ms=0.0, handovers=[], alert_ids=list(alerts),
                        bodies=[b"{}"] * len(alerts), kinds=["over_purchase"] * len(alerts),
-                       entry=f"entry-{tag}" if alerts else None)
+                       entry=f"entry-{tag}" if alerts else None, messages=1)
 
 
 def _waiting_message(session: Session, tag: int) -> None:
@@ -81,9 +81,10 @@ def test_the_next_cycle_may_start_while_a_cycles_alerts_are_confirmed() -> None:
         session, bus = _session()
         session.rounds.put(_output(1, "a"))
         await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
-        session.rounds.put(_output(2, "b"))
-        _waiting_message(session, 3)
-        assert session._may_start(), "a cycle awaiting its confirm holds no cycle back"
+        for tag in range(2, 12):  # one-message cycles, as a paced engine's: far from the default room
+            session.rounds.put(_output(tag, "b"))
+        _waiting_message(session, 12)
+        assert session._may_start(), "cycles awaiting their confirms hold no cycle back"
         assert _acks(session) == []
         bus.confirms[0].set_result(None)
         await eventually(lambda: len(bus.confirms) == 2, "the second round's publish", GUARD, pause=0)
@@ -119,20 +120,22 @@ def test_outputs_handed_over_during_a_round_go_out_together_in_the_next() -> Non
         assert bus.marked == [["entry-1"], ["entry-2", "entry-4"]]
         rounds_after, alerts_after = alert_batches()
         assert (rounds_after - rounds_before, alerts_after - alerts_before) == (2, 4), "alerts per round, observed"
-        assert len(session.rounds) == 0
+        assert session.rounds.messages == 0
         session.rounds.cancel()
 
     asyncio.run(scenario())
 
 
-def test_past_max_cycles_in_flight_the_next_cycle_waits_for_a_round_and_is_woken() -> None:
+def test_past_max_cycles_in_flight_full_cycles_of_messages_the_next_cycle_waits_and_is_woken() -> None:
+    """In a drain the prefetch window keeps room for a full next cycle: fuller cycles, fewer batches."""
+
     async def scenario() -> None:
-        session, bus = _session(max_cycles_in_flight=2)
+        session, bus = _session(max_cycles_in_flight=1, max_cycle_messages=2)
         session.rounds.put(_output(1, "a"))
         await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
         session.rounds.put(_output(2))
         _waiting_message(session, 3)
-        assert not session._may_start(), "two cycles await the output path: the next one waits"
+        assert not session._may_start(), "a full cycle's worth awaits the output path: the next one waits"
         woken = asyncio.ensure_future(session.wakeup.wait(GUARD))
         await loop_turns()
         assert not woken.done()

@@ -32,6 +32,7 @@ class CycleOutput:
     bodies: list[bytes] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     entry: str | None = None  # the outbox entry of its new alerts, dropped once they are confirmed
+    messages: int = 0  # the cycle's ingress messages (unacked at the broker until its round is done)
 
     @classmethod
     def of(cls, cycle: Cycle, batch: Sequence[Delivery]) -> CycleOutput:
@@ -39,7 +40,8 @@ class CycleOutput:
                     getattr(reject, "log_key", None) or reject.reason[:80]) for index, reject in cycle.rejects]
         published = [d.published_ms for d in batch if d.published_ms]
         handovers = [(engine_partition_queue(owner), body) for owner, body in sorted(cycle.handovers.items())]
-        return cls(batch[-1].tag if batch else 0, rejects, min(published) if published else 0, handovers)
+        return cls(batch[-1].tag if batch else 0, rejects, min(published) if published else 0, handovers,
+                   messages=len(batch))
 
 
 def alert_payloads(alerts: Sequence[Alert]) -> tuple[list[str], list[bytes]]:

@@ -41,25 +41,23 @@ log = get_logger("engine")
 
 
 class OutputRounds:
-    """The cycles' outputs awaiting confirmation and ack, and the one round in flight."""
+    """The cycles' outputs awaiting confirmation and ack, and the one round in flight (at most
+    `max_outputs` outputs a round)."""
 
     def __init__(self, session: Session, max_outputs: int, on_round: Callable[[], None]) -> None:
         self.session = session
         self.on_round = on_round  # after each round: the cycle loop may be waiting for room
         self.batcher: NaturalBatcher[CycleOutput] = NaturalBatcher(max_outputs)  # one round in flight
-        self.in_round = 0  # outputs of the round being confirmed
+        self.messages = 0  # ingress messages of every output handed over and not yet acked
         self._kick = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
 
-    def __len__(self) -> int:
-        """Cycles handed over and not yet acked (their messages are unacked at the broker)."""
-        return len(self.batcher) + self.in_round
-
     def put(self, output: CycleOutput) -> None:
         """A committed cycle's output: confirmed and acked in the next round (in order)."""
         self.batcher.add(output)
+        self.messages += output.messages
         self._idle.clear()
         self._kick.set()
         if self._task is None:
@@ -87,7 +85,6 @@ class OutputRounds:
                 self._kick.clear()
                 await self._kick.wait()
                 continue
-            self.in_round = len(outputs)
             try:
                 await self._round(outputs)
             except asyncio.CancelledError:  # the session's end, past its grace: unacked input comes back
@@ -97,7 +94,7 @@ class OutputRounds:
                 self._idle.set()
                 return
             finally:
-                self.in_round = 0
+                self.messages -= sum(output.messages for output in outputs)
                 self.batcher.done()
             self.on_round()
 

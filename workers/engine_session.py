@@ -56,8 +56,11 @@ class Session:
         self.life = life
         # One cycle at a time; what arrives during it forms the next (`aldebaran/core/batching.py`).
         self.batcher: NaturalBatcher[Delivery] = NaturalBatcher(self.config.max_cycle_messages)
-        # Confirms and acks, apart from the cycles: at most `max_cycles_in_flight` cycles wait there.
-        self.rounds = OutputRounds(self, self.config.max_cycles_in_flight, on_round=self._wake_if_ready)
+        # Confirms and acks, apart from the cycles. While it holds `max_cycles_in_flight` full cycles'
+        # worth of messages the next cycle waits: in a drain the prefetch window keeps room for a full
+        # cycle (fuller cycles, fewer alert batches), and a paced engine's one-message cycles never wait.
+        self.output_room = self.config.max_cycles_in_flight * self.config.max_cycle_messages
+        self.rounds = OutputRounds(self, self.output_room, on_round=self._wake_if_ready)
         self.wakeup = Wakeup()  # a batch is ready, or the session ended
         self.failed: BaseException | None = None
         self.trimming: asyncio.Future[None] | None = None  # reading alert witnesses (one at a time)
@@ -130,8 +133,8 @@ class Session:
         self._wake_if_ready()
 
     def _may_start(self) -> bool:
-        """A batch is waiting, and the output path holds fewer cycles than `max_cycles_in_flight`."""
-        return self.batcher.ready and len(self.rounds) < self.config.max_cycles_in_flight
+        """A batch is waiting, and the output path has room (`output_room`)."""
+        return self.batcher.ready and self.rounds.messages < self.output_room
 
     def _wake_if_ready(self) -> None:
         if self._may_start():
@@ -145,7 +148,7 @@ class Session:
         watch = self.wakeup.wake_when(self.ended)
         try:
             while not self.ended.is_set() and self.failed is None:
-                batch = self.batcher.take() if len(self.rounds) < self.config.max_cycles_in_flight else []
+                batch = self.batcher.take() if self.rounds.messages < self.output_room else []
                 if not batch:
                     collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
                     await self.wakeup.wait(idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()),
