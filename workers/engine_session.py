@@ -132,9 +132,13 @@ class Session:
             self.worker.samples.add(DELIVERED, max(0.0, time.time() * 1000 - delivery.published_ms))
         self._wake_if_ready()
 
+    def _has_room(self) -> bool:
+        """The output path holds fewer messages than `output_room`."""
+        return self.rounds.messages < self.output_room
+
     def _may_start(self) -> bool:
-        """A batch is waiting, and the output path has room (`output_room`)."""
-        return self.batcher.ready and self.rounds.messages < self.output_room
+        """A batch is waiting, and the output path has room."""
+        return self.batcher.ready and self._has_room()
 
     def _wake_if_ready(self) -> None:
         if self._may_start():
@@ -148,7 +152,7 @@ class Session:
         watch = self.wakeup.wake_when(self.ended)
         try:
             while not self.ended.is_set() and self.failed is None:
-                batch = self.batcher.take() if self.rounds.messages < self.output_room else []
+                batch = self.batcher.take() if self._has_room() else []
                 if not batch:
                     collect_when_idle()  # nothing waits on this thread: the collector's pause lands here
                     await self.wakeup.wait(idle_wait(engine.next_close_ms(), self.clock.stamp(time.monotonic()),
