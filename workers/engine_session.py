@@ -128,8 +128,9 @@ class Session:
         delivery = Delivery(tag, WalMessage(properties.content_type or "", message.body, handed_over),
                             0.0 if handed_over else published_ms(properties.headers))
         self.batcher.add(delivery)
-        if self.worker.samples.enabled and delivery.published_ms:
-            self.worker.samples.add(DELIVERED, max(0.0, time.time() * 1000 - delivery.published_ms))
+        if self.worker.samples.enabled:
+            for latency in _since_published([delivery]):
+                self.worker.samples.add(DELIVERED, latency)
         self._wake_if_ready()
 
     def _has_room(self) -> bool:
@@ -242,23 +243,18 @@ class Session:
     def _sample_start(self, batch: list[Delivery]) -> None:
         """Publish -> cycle start of each message, beside publish -> delivered and -> book: where a
         slow message waited (in the broker, for a cycle, or in its own)."""
-        wall_ms = time.time() * 1000
-        for delivery in batch:
-            if delivery.published_ms:
-                self.worker.samples.add(STARTED, max(0.0, wall_ms - delivery.published_ms))
+        for latency in _since_published(batch):
+            self.worker.samples.add(STARTED, latency)
 
     def _book_latency(self, batch: list[Delivery]) -> None:
         """Publish -> book of each message: its events are applied and its cycle is logged."""
         if not batch:
             return
         histogram = PROCESSING_LATENCY.labels(stage="book")
-        wall_ms = time.time() * 1000
-        for delivery in batch:
-            if delivery.published_ms:
-                latency = max(0.0, wall_ms - delivery.published_ms)
-                histogram.observe(latency / 1000)
-                if self.worker.samples.enabled:
-                    self.worker.samples.add(BOOK, latency)
+        for latency in _since_published(batch):
+            histogram.observe(latency / 1000)
+            if self.worker.samples.enabled:
+                self.worker.samples.add(BOOK, latency)
 
     def fail(self, exc: BaseException) -> None:
         """The output path failed: the session ends, and unacked input comes back from the broker."""
@@ -343,6 +339,12 @@ def idle_wait(due_ms: int | None, stamp_ms: int, tick: float, renew_every: float
     if due_ms is None:
         return longest
     return min(longest, max(due_ms - stamp_ms, 1) / 1000)
+
+
+def _since_published(batch: list[Delivery]) -> list[float]:
+    """Milliseconds from each stamped message's publish to now (a handover carries no stamp)."""
+    wall_ms = time.time() * 1000
+    return [max(0.0, wall_ms - delivery.published_ms) for delivery in batch if delivery.published_ms]
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

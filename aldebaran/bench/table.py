@@ -79,17 +79,13 @@ def median_paced(runs: Sequence[Paced]) -> Paced:
 
 
 def paced_row(run: Paced) -> str:
-    def cell(stage: str) -> str:
+    def cell(stage: str, percentiles: tuple[str, ...] = ("p50", "p95", "p99")) -> str:
         marks = run.latency.get(stage) or {}
-        return " / ".join(f"{marks[m]:.1f}" if m in marks else "–" for m in ("p50", "p95", "p99"))
-
-    def p99(stage: str) -> str:
-        marks = run.latency.get(stage) or {}
-        return f"{marks['p99']:.1f}" if "p99" in marks else "–"
+        return " / ".join(f"{marks[m]:.1f}" if m in marks else "–" for m in percentiles)
 
     cores = ", ".join(f"{run.cpu.get(k, 0):.2f}" for k in ("consumer", "rabbitmq", "redis"))
     return (f"| {run.name} | {run.offered:,.0f} | {run.events:,} | {cell('book')} | "
-            f"{p99('delivered')} / {p99('started')} | {cell('alert')} | {cores} |")
+            f"{cell('delivered', ('p99',))} / {cell('started', ('p99',))} | {cell('alert')} | {cores} |")
 
 
 def section(command: str, when: str, drains: list[str], paced: list[str], notes: Sequence[str],
