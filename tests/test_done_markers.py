@@ -115,6 +115,46 @@ def test_what_compactions_store_is_always_the_whole_store(ops, cap) -> None:
     compact()  # a restored store rewrites the stored copy: its groups have new seqs
 
 
+@hsettings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["x", "y"]), st.integers(0, 4), st.floats(0.0, 2.5),
+                          st.floats(0.0, 4.0), st.sampled_from(["", "take", "land"])), max_size=40),
+       st.integers(1, 12))
+def test_what_compactions_store_while_the_store_changes_is_the_whole_store(ops, cap) -> None:
+    """A delta is taken (its groups copied as they stand, as a request encodes them), the store
+    changes on, and only later is it stored and `written`: what changed meanwhile, even in the
+    delta's own groups, is in a later delta, so the stored copy still ends up the store."""
+    store, stored, expiry, serial = DoneMarkers(cap), {}, 0.0, 0
+    in_flight = None
+
+    def take():
+        delta = store.delta()
+        return delta, [(g.seq, (g.app, g.expires_at, list(g.keys))) for g in delta.changed]
+
+    def land(taken) -> None:
+        delta, groups = taken
+        if delta.rewrite:
+            stored.clear()
+        stored.update(groups)
+        for seq in delta.dropped:
+            stored.pop(seq, None)
+        store.written(delta)
+
+    for app, n, gap, back, step in ops:
+        expiry += gap
+        store.add(app, [f"k{serial + i}" for i in range(n)], expiry)
+        serial += n
+        store.expire(expiry - back)
+        if step == "take" and in_flight is None:
+            in_flight = take()
+        elif step == "land" and in_flight is not None:
+            land(in_flight)
+            in_flight = None
+    if in_flight is not None:
+        land(in_flight)
+    land(take())
+    assert [stored[seq] for seq in sorted(stored)] == [(g.app, g.expires_at, g.keys) for g in store.groups()]
+
+
 def test_steady_closing_makes_a_group_a_second_and_honours_the_retention() -> None:
     """Books closing every 100 ms for a minute, kept 5 s: groups span a second each, and what
     is older than the retention (plus one group span) is forgotten while closing goes on."""

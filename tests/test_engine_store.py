@@ -140,6 +140,39 @@ async def test_a_compaction_sent_twice_trims_once(store: EngineStore) -> None:
     assert await store.wal_length() == 3
 
 
+async def test_a_compaction_and_a_commit_retried_across_each_other_act_once(store: EngineStore) -> None:
+    """A compaction runs beside the cycles' commits (workers/engine_compactions.py): one's retry
+    may follow the other's call, and must still be recognised."""
+    for n in range(5):
+        await store.commit(f"r{n}".encode(), [], [])
+    ops = iter(["owner-a#7", "owner-a#8", "owner-a#7", "owner-a#9", "owner-a#10", "owner-a#9"])
+    store._op = lambda: next(ops)  # type: ignore[method-assign]
+    await store.compact(_compaction(trim=2))
+    await store.commit(b"r5", [], [])
+    await store.compact(_compaction(trim=2))  # the compaction's retry, after a commit
+    assert await store.wal_length() == 4  # 5 - 2 + 1: trimmed once
+    first = await store.commit(b"r6", ["y"], [b"{y}"])
+    await store.compact(_compaction(trim=1))
+    again = await store.commit(b"r6", ["y"], [b"{y}"])  # the commit's retry, after a compaction
+    assert first == again == Committed([True], "owner-a#9")
+    assert await store.wal_length() == 4  # 4 + 1 - 1: logged once
+
+
+async def test_a_compactions_request_holds_the_markers_as_they_stood(store: EngineStore) -> None:
+    """The request is encoded when asked for: groups that grow before it is sent are stored as
+    they were, and stay changed for the next compaction."""
+    markers = DoneMarkers(100)
+    markers.add("app", ["a"], 10.0)
+    delta = markers.delta()
+    request = store.compact(_compaction(clock_ms=1000, changed=delta.changed, rewrite=delta.rewrite))
+    markers.add("app", ["b"], 10.5)  # a cycle closes a book meanwhile: the same group grows
+    await request
+    markers.written(delta)
+    image, _, _ = await store.load()
+    assert image is not None and [g.keys for g in image.groups] == [["a"]]
+    assert [g.keys for g in markers.delta().changed] == [["a", "b"]]
+
+
 async def test_a_commit_without_the_lease_is_fenced(store: EngineStore) -> None:
     other = EngineStore(store.redis, store.keys, "owner-b", 5000, 3600)
     assert not await other.acquire()

@@ -90,7 +90,7 @@ class OutputRounds:
             except asyncio.CancelledError:  # the session's end, past its grace: unacked input comes back
                 raise
             except BaseException as exc:  # noqa: BLE001 - any failure ends the session; the broker redelivers
-                self.session.fail(exc)
+                self.session.fail(exc, "output")
                 self._idle.set()
                 return
             finally:

@@ -29,6 +29,7 @@ from aldebaran.metrics import ALERTS_DEDUPLICATED, ALERTS_UNCONFIRMED, BATCH_EVE
 from aldebaran.runtime_tuning import collect_when_idle
 from declare.declarer import declare_async
 from declare.topology import TRADE_DATA, engine_partition_queue
+from workers.engine_compactions import Compactions
 from workers.engine_cycle import CycleOutput, Delivery, alert_payloads
 from workers.engine_output import OutputRounds
 from workers.runtime import Lifecycle
@@ -63,7 +64,7 @@ class Session:
         self.rounds = OutputRounds(self, self.output_room, on_round=self._wake_if_ready)
         self.wakeup = Wakeup()  # a batch is ready, or the session ended
         self.failed: BaseException | None = None
-        self.trimming: asyncio.Future[None] | None = None  # reading alert witnesses (one at a time)
+        self.compactions = Compactions(self, self.config.compact_seconds, time.monotonic())
         self.witness_queue = witness_queue(worker.settings)
 
     async def run(self) -> None:
@@ -149,7 +150,7 @@ class Session:
         """Cycle after cycle until the session ends; an idle engine closes books as they fall due."""
         tick = self.config.tick_ms / 1000
         renew_every = self.config.lease_seconds / 3  # an idle engine wakes in time for it
-        last_report = last_compaction = last_renewal = time.monotonic()
+        last_report = last_renewal = time.monotonic()
         watch = self.wakeup.wake_when(self.ended)
         try:
             while not self.ended.is_set() and self.failed is None:
@@ -174,20 +175,14 @@ class Session:
                     self.worker.count(cycle)
                 if cycle.conflicts or cycle.rejects or cycle.close_failures:
                     self.worker.troubles(cycle)
-                if monotonic - last_compaction >= self.config.compact_seconds:
-                    compaction = engine.compaction()
-                    await self.store.compact(compaction)  # fenced: only the owner goes on
-                    engine.compacted(compaction)
-                    if self.trimming is None or self.trimming.done():
-                        self.trimming = asyncio.ensure_future(self._trim_witnesses())
-                    last_compaction = monotonic
+                self.compactions.maybe_start(engine, monotonic)  # stored beside the cycles
                 if monotonic - last_report >= REPORT_SECONDS:
                     self.worker.report()
                     last_report = monotonic
         finally:
             watch.cancel()
         if self.failed is not None:
-            raise ConnectionError(f"engine output failed: {self.failed!r}")
+            raise ConnectionError(f"engine session failed beside the cycles: {self.failed!r}")
 
     async def _step(self, engine: Engine, messages: list[WalMessage], stamp: int,
                     now: datetime) -> tuple[Cycle, asyncio.Task[Committed] | None]:
@@ -256,10 +251,11 @@ class Session:
             if self.worker.samples.enabled:
                 self.worker.samples.add(BOOK, latency)
 
-    def fail(self, exc: BaseException) -> None:
-        """The output path failed: the session ends, and unacked input comes back from the broker."""
+    def fail(self, exc: BaseException, part: str) -> None:
+        """A part running beside the cycles (`output`, `compaction`) failed: the session ends, and
+        unacked input comes back from the broker."""
         if self.failed is None:
-            log.error("engine output failed; the session restarts and unacked input comes back", error=repr(exc))
+            log.error("engine session failed; it restarts and unacked input comes back", part=part, error=repr(exc))
             self.failed = exc
             self.ended.set()
 
@@ -302,29 +298,11 @@ class Session:
         await self.store.mark_sent(list(outbox.entries), bodies)
         log.warning("re-published alerts left pending by a crash", count=len(ids), alert_ids=ids)
 
-    async def _trim_witnesses(self) -> None:
-        """Drop the witnesses whose alerts are all marked sent, up to the first with one still
-        in flight (confirmed, not yet marked): that one and the rest go back to the queue.
-        Runs beside the cycles, right after a compaction proved this engine still the owner."""
-        try:
-            witnesses = await read_witnesses(self.witness, self.witness_queue)
-            if not witnesses:
-                return
-            pending = await self.store.pending_among([a for witness in witnesses for a in witness.alerts])
-            keep = next((i for i, w in enumerate(witnesses) if pending & w.alerts.keys()), len(witnesses))
-            if keep:
-                await self.witness.basic_ack(witnesses[keep - 1].tag, multiple=True)
-            if keep < len(witnesses):
-                await self.witness.basic_nack(witnesses[-1].tag, multiple=True, requeue=True)
-        except Exception as exc:  # noqa: BLE001 - the next compaction tries again; unacked ones come back
-            log.warning("trimming alert witnesses failed", error=repr(exc))
-
     async def _finish(self) -> None:
         """Wait for the cycles in flight (confirms, acks); what was not processed comes back from the broker."""
         await self.rounds.drained(self.worker.settings.shutdown_grace_seconds)
         self.rounds.cancel()
-        if self.trimming is not None:
-            self.trimming.cancel()  # unacked witnesses go back to the queue with the channel
+        self.compactions.cancel()
         self.worker.report()
         if self.life.stopping.is_set() and self.failed is None:
             await self.store.release()

@@ -32,11 +32,13 @@ class DoneGroup(msgspec.Struct, array_like=True, gc=False):
 
 class DoneDelta(msgspec.Struct, gc=False):
     """What changed since the last stored copy: groups new or changed, groups gone. With
-    `rewrite`, `changed` is every group and the stored copy is replaced (after a restore)."""
+    `rewrite`, `changed` is every group and the stored copy is replaced (after a restore).
+    `generation` tells the changes it holds from those made while it was being stored."""
 
     rewrite: bool
     changed: list[DoneGroup]
     dropped: list[int]
+    generation: int = 0
 
 # Keys closed within this many seconds of their group's first key share it (expiring up to this late).
 GROUP_SECONDS = 1.0
@@ -53,8 +55,11 @@ class DoneMarkers:
         self._groups: deque[DoneGroup] = deque()  # oldest expiry first; the last one may grow
         self._count = 0
         # What a compaction must store (`delta`): only what changed, not every marker each time.
+        # A delta is stored while the cycles go on, so each change is filed under the generation
+        # of the next delta (seq -> generation): a group that grows again meanwhile stays changed.
         self._seq = 0
-        self._changed: set[int] = set()
+        self._generation = 0
+        self._changed: dict[int, int] = {}
         self._dropped: set[int] = set()
         self._rewrite = True  # nothing stored by this process yet
         self._last_start = 0.0  # the first expiry of the newest group
@@ -85,12 +90,12 @@ class DoneMarkers:
                 and last.expires_at <= expires_at:
             last.keys.extend(keys)
             last.expires_at = expires_at
-            self._changed.add(last.seq)
+            self._changed[last.seq] = self._generation
         else:
             self._seq += 1
             self._last_start = expires_at
             self._groups.append(DoneGroup(app, expires_at, list(keys), self._seq))
-            self._changed.add(self._seq)
+            self._changed[self._seq] = self._generation
         self._count += len(keys)
         if self._count > self.cap:
             self._forget(self._count - self.cap)
@@ -123,16 +128,20 @@ class DoneMarkers:
         return list(self._groups)
 
     def delta(self) -> DoneDelta:
-        """What to store now (as it stands: `written` once it is stored)."""
+        """What to store now, as it stands (encode it before the markers change again; `written`
+        once it is stored). Changes made from now on belong to the next delta."""
+        generation = self._generation
+        self._generation += 1
         if self._rewrite:
-            return DoneDelta(True, list(self._groups), [])
+            return DoneDelta(True, list(self._groups), [], generation)
         changed = [group for group in self._groups if group.seq in self._changed]
-        return DoneDelta(False, changed, sorted(self._dropped))
+        return DoneDelta(False, changed, sorted(self._dropped), generation)
 
     def written(self, delta: DoneDelta) -> None:
-        """`delta` is stored: later deltas leave it out."""
-        self._rewrite = False
-        self._changed.difference_update(group.seq for group in delta.changed)
+        """`delta` is stored: later deltas leave out what it held, not what changed since."""
+        if delta.rewrite:
+            self._rewrite = False
+        self._changed = {seq: made for seq, made in self._changed.items() if made > delta.generation}
         self._dropped.difference_update(delta.dropped)
 
     def restore(self, groups: Iterable[DoneGroup], now_ts: float) -> None:
@@ -144,7 +153,7 @@ class DoneMarkers:
         self._rewrite = True
 
     def _gone(self, group: DoneGroup) -> None:
-        self._changed.discard(group.seq)
+        self._changed.pop(group.seq, None)
         self._dropped.add(group.seq)
 
     def _forget(self, excess: int) -> None:
@@ -159,7 +168,7 @@ class DoneMarkers:
             else:
                 forgotten = group.keys[:excess]
                 del group.keys[:excess]
-                self._changed.add(group.seq)
+                self._changed[group.seq] = self._generation
             self._keys[group.app].difference_update(forgotten)
             self._count -= len(forgotten)
             excess -= len(forgotten)

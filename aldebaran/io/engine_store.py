@@ -16,7 +16,8 @@ leader refuses while the witness queue takes it), so the engine lists the entry 
 `refused` (`refuse`) and no witness settles it: it is published again.
 
 The commit and the compaction carry an operation id and remember the last one applied
-(`engine:last-op`): redis-py re-sends a command whose reply was lost (a connection
+(`engine:last-op` and `engine:compact-op`: a compaction runs beside the commits, so each
+kind keeps its own): redis-py re-sends a command whose reply was lost (a connection
 reset, a Sentinel failover), and a second RPUSH or LTRIM of the same cycle, or a
 second `SET NX` answering "not new" for alerts that were never published, would be
 wrong. With `redis_min_replicas_acked` the commit is followed by `WAIT` in the same
@@ -25,8 +26,9 @@ round trip, so a commit the engine acts on is on a replica (docs/engine.md, Sent
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
@@ -89,6 +91,7 @@ class EngineStore:
         self._done, self._pending = key("done"), key("pending")  # `done`: the one-blob image of before
         self._done_groups, self._done_clock = key("done-groups"), key("done-clock")
         self._last_op, self._refused = key("last-op"), key("refused")
+        self._compact_op = key("compact-op")  # apart from the commits' `last-op`: the two interleave
         self._ops = 0
         self._held = HeldConnection(redis)  # the cycle's commits: on the engine's critical path
         self._commit = redis.register_script(_COMMIT)
@@ -228,16 +231,22 @@ class EngineStore:
         pending = (await self.outbox()).alerts
         return {alert_id for alert_id in alert_ids if alert_id in pending}
 
-    async def compact(self, compaction: Compaction) -> None:
-        """Store the done markers that changed and drop the log records they cover, atomically."""
+    def compact(self, compaction: Compaction) -> Coroutine[Any, Any, None]:
+        """Store the done markers that changed and drop the log records they cover, atomically.
+
+        The request is built now, the markers encoded as they stand, and sent when awaited: the
+        cycles go on meanwhile (`workers/engine_compactions.py`) and change the markers again."""
         done = compaction.done
         args: list[bytes | str | int] = [self.token, compaction.trim, self._op(), compaction.clock_ms,
                                          "1" if done.rewrite else "0", len(done.changed)]
         for group in done.changed:
             args += [group.seq, encode_group(group)]
         args += done.dropped
+        return self._run_compact(args)
+
+    async def _run_compact(self, args: list[bytes | str | int]) -> None:
         try:
-            await self._compact(keys=[self._owner, self._done_groups, self._wal, self._last_op, self._done_clock,
+            await self._compact(keys=[self._owner, self._done_groups, self._wal, self._compact_op, self._done_clock,
                                       self._done], args=args)
         except ResponseError as exc:
             raise _fenced(exc) from None
@@ -325,7 +334,7 @@ redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[2]) - 1)
 return n
 """
 
-# KEYS: owner, done groups (hash: seq -> group), wal, last-op, done clock, the one-blob image of before.
+# KEYS: owner, done groups (hash: seq -> group), wal, compact-op, done clock, the one-blob image of before.
 # ARGV: token, records to trim, op id (a retry trims nothing more), clock ms, rewrite ("1": replace
 # every group), n changed, then n (seq, group) pairs, then the seqs of the groups gone.
 _COMPACT = """

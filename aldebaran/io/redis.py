@@ -325,8 +325,8 @@ class Keys:
         return f"{self.prefix}:recent-alerts"
 
     def engine(self, part: str, partition: int | None = None) -> str:
-        """The engine's durable state: `owner` (the lease), `wal`, `done`, `pending` (the outbox), `last-op`;
-        with partitioned engines, each partition's own (`partition`)."""
+        """The engine's durable state: `owner` (the lease), `wal`, `done`, `pending` (the outbox),
+        `last-op`, `compact-op`; with partitioned engines, each partition's own (`partition`)."""
         scope = "" if partition is None else f"p{partition}:"
         return f"{self.prefix}:engine:{scope}{part}"
 
