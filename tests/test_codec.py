@@ -200,3 +200,26 @@ def test_valid_batches_take_the_fast_path(batch) -> None:
 
     wires = codec._msgpack_batch.decode(encode_msgpack(batch))
     assert codec._typed(wires) == batch
+
+
+def test_events_of_different_messages_share_one_string_per_client_and_stock() -> None:
+    """Millions of open events name a few clients and stocks: each name is one string, not two
+    fresh ones per event (an open book's memory, docs/engine.md)."""
+    client, stock = "".join(["Desk", "-", "7"]), "".join(["ISIN", "DE0001"])  # built here: not constants
+    first = decode_message(encode_msgpack([PurchaseRequest("r-1", 10, client, stock)]), MSGPACK)
+    second = decode_message(encode_msgpack([Purchase("p-1", "r-1", 5, client, stock)]), MSGPACK)
+    [request], [purchase] = first.events, second.events
+    assert request.client == client and purchase.stock == stock
+    assert request.client is purchase.client and request.stock is purchase.stock
+
+
+def test_past_the_shared_labels_cap_a_new_label_still_decodes_unshared(monkeypatch) -> None:
+    from aldebaran.trades import codec
+
+    monkeypatch.setattr(codec, "MAX_SHARED_LABELS", len(codec._LABELS))
+    decoded = decode_message(encode_msgpack([PurchaseRequest("r-2", 10, "Fresh Client 42", "Fresh Stock 42")]),
+                             MSGPACK)
+    assert [(e.client, e.stock) for e in decoded.events] == [("Fresh Client 42", "Fresh Stock 42")]
+    assert "Fresh Client 42" not in codec._LABELS
+    blank = decode_message(encode_msgpack([PurchaseRequest("r-3", 10, "   ", "AAPL")]), MSGPACK)
+    assert blank.events == [] and "client" in blank.rejects[0].reason
