@@ -54,8 +54,6 @@ class Compactions:
     async def _store(self, engine: Engine, compaction: Compaction, request: Coroutine[Any, Any, None]) -> None:
         try:
             await request
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - fenced or Redis gone: the session ends, as in the loop
             self.session.fail(exc, "compaction")
             return

@@ -19,14 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aldebaran.apps import load_rules
+from aldebaran.bench.pure import fresh_engine
 from aldebaran.bench.workload import build
-from aldebaran.core.engine import Engine
 from aldebaran.core.wal import WalMessage
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
 
-NEVER_CLOSES = 10**6  # seconds of ttl
+NEVER_CLOSES = 86400 * 7  # seconds of ttl, the longest allowed: no book of the run reaches it
 
 
 def resident_mib() -> float:
@@ -43,8 +42,7 @@ def main(orders: int) -> None:
     settings = Settings()
     tune_gc()
     before = resident_mib()
-    engine = Engine(load_rules(settings), NEVER_CLOSES, settings.engine.done_retention_seconds,
-                    settings.engine.done_max_markers, settings.max_message_bytes)
+    engine = fresh_engine(settings.model_copy(update={"book_ttl_seconds": NEVER_CLOSES}))
     now, stamp = datetime.now(UTC), 1_000_000_000
     for message in messages:
         stamp += 10  # 100,000 events/s of pipeline time
