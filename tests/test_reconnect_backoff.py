@@ -1,11 +1,13 @@
-"""`run_sessions`' backoff on a real broker: a session that ends at once after every connect
-(a queue that keeps refusing the engine's publishes) backs off further each time; one that
-lasted starts the backoff over."""
+"""`run_sessions` on a real broker: a session that ends at once after every connect (a queue
+that keeps refusing the engine's publishes) backs off further each time; one that lasted
+starts the backoff over; a session whose connection closed under it is reconnected whatever
+the client raised, and a session's own bug still ends the worker."""
 
 from __future__ import annotations
 
 import asyncio
 
+import aio_pika.abc
 import pytest
 
 from aldebaran.io import amqp
@@ -41,3 +43,33 @@ async def test_a_session_that_lasted_starts_the_backoff_over(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(amqp, "STABLE_SESSION_SECONDS", 0.05)
     assert await _attempts(settings, monkeypatch, lasts=0.1, sessions=4) == [0, 0, 0, 0]
+
+
+async def test_a_connection_closed_under_a_session_is_reconnected_whatever_the_client_raises(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut between a session's connect and its first channel: aiormq raises RuntimeError."""
+    monkeypatch.setattr(amqp, "backoff_delay", lambda *a, **k: 0.0)
+    stopping = asyncio.Event()
+    raised: list[BaseException] = []
+
+    async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
+        if raised:
+            stopping.set()
+            return
+        await connection.close()
+        try:
+            await connection.channel()
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    await asyncio.wait_for(amqp.run_sessions(settings, "test", stopping, session), timeout=60)
+    assert len(raised) == 1 and isinstance(raised[0], RuntimeError)
+
+
+async def test_a_sessions_own_bug_on_an_open_connection_still_ends_the_worker(settings: Settings) -> None:
+    async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
+        raise RuntimeError("a bug in the session")
+
+    with pytest.raises(RuntimeError, match="a bug in the session"):
+        await asyncio.wait_for(amqp.run_sessions(settings, "test", asyncio.Event(), session), timeout=60)

@@ -191,6 +191,7 @@ Session = Callable[[aio_pika.abc.AbstractConnection, asyncio.Event], Awaitable[N
 # SESSION_BACKOFF_CAP seconds, instead of reconnecting every few tens of milliseconds; the cap
 # keeps the wait after the cause is gone short (alerts wait on it).
 STABLE_SESSION_SECONDS = 10.0
+_LOSSES = (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError)  # a session's end, not a bug
 SESSION_BACKOFF_CAP = 5.0
 
 
@@ -236,7 +237,11 @@ async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, s
         watcher = asyncio.ensure_future(_forward(stopping, ended))
         try:
             await session(connection, ended)
-        except (TimeoutError, aiormq.exceptions.AMQPError, ConnectionError, OSError) as exc:
+        except Exception as exc:
+            # A connection that closed under the session is a loss whatever the client raised:
+            # aiormq opens a channel on a closed connection with a RuntimeError.
+            if not (isinstance(exc, _LOSSES) or connection.is_closed):
+                raise
             if not stopping.is_set():
                 log.warning("session lost", worker=name, error=mask_url(str(exc) or repr(exc)))
         finally:
