@@ -1,6 +1,7 @@
 """The engine's output path (`workers/engine_output.py`): a cycle hands its output over and the next
 cycle may start at once; outputs handed over while a round is confirmed go out together in the next
-round; nothing is acked before its round, and every earlier one, is confirmed.
+round; nothing is acked before its round, and every earlier one, is confirmed; cycles that raise
+take the round and the compaction in flight down with the session.
 
 Through fakes of the ingress channel and the publish: a real broker cannot be made to hold one
 confirm back on cue. The same path runs against RabbitMQ and Redis in `tests/test_engine.py` and
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import REGISTRY
 
 from aldebaran.core.wal import WalMessage
@@ -55,7 +57,7 @@ def _session(**engine: int) -> tuple[Session, _Bus]:
     settings = Settings(engine=EngineSettings(**engine))
     bus = _Bus()
     worker = SimpleNamespace(config=settings.engine, store=bus, settings=settings,
-                             samples=SimpleNamespace(enabled=False))
+                             samples=SimpleNamespace(enabled=False), report=lambda: None)
     session = Session(worker, connection=None, ended=asyncio.Event(), life=None)  # type: ignore[arg-type]
     session.inbound = _Inbound()  # type: ignore[assignment]
     session.publish = bus.publish  # type: ignore[method-assign]
@@ -161,5 +163,28 @@ def test_a_failed_round_ends_the_session_and_nothing_after_it_is_acked() -> None
         session.rounds.put(_output(3))
         await loop_turns()
         assert _acks(session) == [] and bus.marked == []
+
+    asyncio.run(scenario())
+
+
+def test_cycles_that_raise_stop_the_round_and_the_compaction_in_flight() -> None:
+    async def scenario() -> None:
+        session, bus = _session()
+        session.inbound.is_closed = True  # type: ignore[misc]
+        session.rounds.put(_output(1, "a"))
+        await eventually(lambda: bus.confirms, "the round's publish", GUARD, pause=0)
+        storing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session.compactions.task = asyncio.ensure_future(storing)  # a compaction Redis has not answered
+
+        async def cycles(engine: object) -> None:
+            raise RuntimeError("a cycle broke")
+
+        session._cycles = cycles  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="a cycle broke"):
+            await session._serve(None, [])  # type: ignore[arg-type]
+        await loop_turns()
+        assert session.rounds._task is not None and session.rounds._task.cancelled()
+        assert storing.cancelled(), "the compaction must not outlive the session"
+        assert _acks(session) == [], "a round cut short acks nothing"
 
     asyncio.run(scenario())

@@ -91,8 +91,17 @@ class Session:
         tags = [str((await self.inbound.basic_consume(queue, callback)).consumer_tag) for queue, callback in consumers]
         log.info("consuming", queues=[queue for queue, _ in consumers], mode="engine", prefetch=self.config.prefetch)
         self.life.ready()
+        await self._serve(engine, tags)
+
+    async def _serve(self, engine: Engine, tags: list[str]) -> None:
+        """The cycles, then the parts beside them: drained when the cycles end, cut short when
+        they raise (a round still confirming on a dead channel, a compaction still storing, must
+        not outlive the session into the next one)."""
         try:
             await self._cycles(engine)
+        except BaseException:
+            self._abandon()
+            raise
         finally:
             if not self.inbound.is_closed:
                 with contextlib.suppress(Exception):  # the channel died meanwhile
@@ -301,11 +310,15 @@ class Session:
     async def _finish(self) -> None:
         """Wait for the cycles in flight (confirms, acks); what was not processed comes back from the broker."""
         await self.rounds.drained(self.worker.settings.shutdown_grace_seconds)
+        self._abandon()
+        if self.life.stopping.is_set() and self.failed is None:
+            await self.store.release()
+
+    def _abandon(self) -> None:
+        """Stop the rounds and the compaction in flight; what they did not ack comes back from the broker."""
         self.rounds.cancel()
         self.compactions.cancel()
         self.worker.report()
-        if self.life.stopping.is_set() and self.failed is None:
-            await self.store.release()
 
 
 def idle_wait(due_ms: int | None, stamp_ms: int, tick: float, renew_every: float) -> float:
