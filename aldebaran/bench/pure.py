@@ -11,20 +11,23 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from aldebaran.apps import load_rules
 from aldebaran.core.engine import Engine
+from aldebaran.core.rule import Rule
 from aldebaran.core.wal import WalMessage
 from aldebaran.io.publisher import Body
 from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
 
 
-def fresh_engine(settings: Settings) -> Engine:
-    """An empty engine as the worker builds one from `settings` (one that owns every book)."""
+def fresh_engine(settings: Settings, rules: Sequence[Rule[Any]] | None = None) -> Engine:
+    """An empty engine as the worker builds one from `settings` (one that owns every book), with
+    the configured rules or `rules` (a prototype measured against them)."""
     config = settings.engine
-    return Engine(load_rules(settings), settings.book_ttl_seconds, config.done_retention_seconds,
-                  config.done_max_markers, settings.max_message_bytes)
+    return Engine(load_rules(settings) if rules is None else rules, settings.book_ttl_seconds,
+                  config.done_retention_seconds, config.done_max_markers, settings.max_message_bytes)
 
 
 def cycle_us_per_event(settings: Settings, bodies: Sequence[Body], per_cycle: int, rounds: int = 3) -> float:
