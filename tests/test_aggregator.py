@@ -11,7 +11,7 @@ from aldebaran.apps import load_rules
 from aldebaran.metrics import UNROUTABLE
 from aldebaran.settings import Settings
 from aldebaran.trades.codec import encode_json
-from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from declare.topology import TRADE_DATA, WORK_QUEUE
 from tests.support.waiting import eventually
 from workers.aggregator import Aggregator
@@ -60,7 +60,7 @@ async def test_a_book_queue_gone_while_cached_is_declared_again_not_published_in
         channel = await connection.channel(publisher_confirms=True)
         trades = await channel.get_exchange(TRADE_DATA)
 
-        async def publish(event: PurchaseRequest | Purchase) -> None:
+        async def publish(event: TradeEvent) -> None:
             await trades.publish(aio_pika.Message(encode_json([event]), content_type="application/json"),
                                  routing_key=TRADE_DATA)
 

@@ -27,7 +27,7 @@ def reference(events) -> list[tuple[str, int]]:
     """CONTRACT §1 in ten lines: distinct events, first prefix over the limit, close."""
     limit, fills, alerts = None, {}, []
     for e in events:
-        if isinstance(e, PurchaseRequest):
+        if e.is_request:
             limit = e.shares if limit is None else limit
         else:
             fills.setdefault(e.id, e.shares)

@@ -14,14 +14,14 @@ from aldebaran.apps.client_daily_limit import ClientDailyLimit, Options, make_ru
 from aldebaran.core.book import Book, Outcome
 from aldebaran.errors import ConfigError
 from aldebaran.settings import load_settings
-from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 
 NOW = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
 MIDNIGHT = datetime(2026, 11, 22, tzinfo=timezone.utc).timestamp()  # 2026-11-22T00:00:00Z
 DAY = 86400.0
 
 
-def feed(rule: ClientDailyLimit, deliveries: list[tuple[Purchase | PurchaseRequest, float]]) -> list:
+def feed(rule: ClientDailyLimit, deliveries: list[tuple[TradeEvent, float]]) -> list:
     """What the workers do, without them: key by ingest time, one Book per key, offer in order."""
     books: dict[str, Book] = {}
     alerts = []
@@ -36,12 +36,12 @@ def feed(rule: ClientDailyLimit, deliveries: list[tuple[Purchase | PurchaseReque
     return alerts
 
 
-def reference(limit: int, deliveries: list[tuple[Purchase | PurchaseRequest, float]]) -> dict[str, int]:
+def reference(limit: int, deliveries: list[tuple[TradeEvent, float]]) -> dict[str, int]:
     """The rule in a few lines: per client and UTC day of ingest, distinct purchases, first sum over."""
     fills: dict[tuple[str, str], dict[tuple[str, str], int]] = {}
     fired: dict[str, int] = {}
     for event, at in deliveries:
-        if isinstance(event, Purchase):
+        if not event.is_request:
             day = datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d")
             group = fills.setdefault((event.client, day), {})
             group.setdefault((event.order_id, event.id), event.shares)

@@ -14,7 +14,7 @@ from aldebaran.core.pipeline_clock import PipelineClock
 from aldebaran.core.rule import accepts_everything
 from aldebaran.core.wal import WalIndex, WalMessage, decode_record
 from aldebaran.trades.codec import MSGPACK, encode_msgpack
-from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from aldebaran.trades.generator import generate
 from tests.support.done_store import StoredDone
 
@@ -224,31 +224,37 @@ def test_a_lone_rule_sees_only_the_events_it_accepts() -> None:
     assert day.state.purchased == 20
 
 
-class _CountingLimits(TradeLimits):
-    """trade_limits counting its `accepts` calls, taking `types` (None: both, undeclared)."""
+class _Unrelated:
+    """An event class the trade codec never yields."""
 
-    def __init__(self, types: tuple[type, ...] | None) -> None:
+
+class _CountingLimits(TradeLimits):
+    """trade_limits counting its `accepts` calls, declaring `types` (None: undeclared), taking
+    purchases only when `purchases_only`."""
+
+    def __init__(self, types: tuple[type, ...] | None, purchases_only: bool) -> None:
         self.calls = 0
         self.event_types = types  # type: ignore[assignment]
-        self.taken = types or (PurchaseRequest, Purchase)
+        self.purchases_only = purchases_only
 
-    def accepts(self, event: object) -> bool:
+    def accepts(self, event: TradeEvent) -> bool:
         self.calls += 1
-        return isinstance(event, self.taken)
+        return not (self.purchases_only and event.is_request)
 
 
 def test_a_rule_that_takes_every_decoded_type_is_not_asked_per_event() -> None:
     events = [PurchaseRequest("1", 10, "c", "s"), Purchase("p1", "1", 11, "c", "s")]
-    for types, calls in (((PurchaseRequest, Purchase), 0), ((Purchase,), 2), (None, 2)):
-        counting = _CountingLimits(types)
+    for types, purchases_only, calls in (((TradeEvent,), False, 0), ((_Unrelated,), True, 2), (None, False, 2)):
+        counting = _CountingLimits(types, purchases_only)
         assert accepts_everything(counting) is (calls == 0)
         engine = Engine([counting], default_ttl=TTL, done_retention=30.0, done_cap=10**9,
                         max_message_bytes=1 << 20)
         cycle = engine.cycle([WalMessage(MSGPACK, encode_msgpack(events))], 1_000, NOW)
         assert counting.calls == calls, types
         # Filtered or not, what the rule takes is applied: without requests, no over_purchase.
-        assert cycle.applied == (2 if types != (Purchase,) else 1)
-        assert [a.kind for a in cycle.alerts] == (["over_purchase"] if types != (Purchase,) else [])
+        assert cycle.applied == (1 if purchases_only else 2)
+        assert [a.kind for a in cycle.alerts] == ([] if purchases_only else ["over_purchase"])
+        assert cycle.kinds == {"PurchaseRequest": 1, "Purchase": 1}
         routed = Partitioning([counting], 0, 1).route(events, handed_over=False)
         assert counting.calls == 2 * calls and len(routed.own[0]) == cycle.applied
 

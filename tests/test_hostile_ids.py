@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aldebaran.trades.codec import dead_letters, decode_message, encode_json
-from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from declare.topology import ALERT, CHANNEL_PREFIX, DEAD_LETTER, TRADE_DATA, WORK_QUEUE, book_queue
 from tests.support.pipeline import alert_counts, collect_alerts, running
 
@@ -82,7 +82,7 @@ def test_ids_are_limited_to_200_bytes_of_utf8_on_both_paths() -> None:
             "id must be at most 200 bytes of UTF-8, got 201"]
 
 
-def _order(key: str, n: int) -> list[PurchaseRequest | Purchase]:
+def _order(key: str, n: int) -> list[TradeEvent]:
     return [PurchaseRequest(key, 10, "c", "s"), Purchase(f"p{n}a", key, 6, "c", "s"), Purchase(f"p{n}b", key, 5, "c", "s")]
 
 

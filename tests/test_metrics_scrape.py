@@ -116,7 +116,9 @@ def test_counters_move_on_a_running_aggregator(aggregator: int, settings: Settin
     dead = total(after, "aldebaran_messages_dead_lettered_total") - total(before, "aldebaran_messages_dead_lettered_total")
     assert consumed == 2, after
     assert dead == 1, after
-    assert any(k.startswith("aldebaran_events_consumed_total{type=") for k in after)
+    for kind in ("PurchaseRequest", "Purchase"):  # one of each, by the codec's kind names
+        key = f"aldebaran_events_consumed_total{{type={kind}}}"
+        assert after.get(key, 0) - before.get(key, 0) == 1, after
     batches = total(after, "aldebaran_batch_events_count") - total(before, "aldebaran_batch_events_count")
     assert batches == 3  # one observation per consumed AMQP message
 

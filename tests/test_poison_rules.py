@@ -19,7 +19,7 @@ from aldebaran.core.engine import Engine, RuleReject
 from aldebaran.core.rule import MAX_ALERT_ID_BYTES, Alert, bounded_alert_id
 from aldebaran.core.wal import WalMessage, decode_record
 from aldebaran.trades.codec import JSON, MSGPACK, encode_json, encode_msgpack
-from aldebaran.trades.events import Purchase, PurchaseRequest
+from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from declare.topology import DEAD_LETTER
 from tests.support.explodes_app import rule as explodes
 from tests.support.pipeline import alert_counts, collect_alerts, running
@@ -34,7 +34,7 @@ def _engine(*rules: object) -> Engine:
                   max_message_bytes=1 << 20)
 
 
-def _msg(*events: PurchaseRequest | Purchase) -> WalMessage:
+def _msg(*events: TradeEvent) -> WalMessage:
     return WalMessage(MSGPACK, encode_msgpack(list(events)))
 
 

@@ -234,8 +234,9 @@ class Aggregator:
             INGEST_LAG.labels(stage="aggregator").set(max(0.0, time.time() - published_ms / 1000))
         BATCH_EVENTS.labels(stage="ingress").observe(len(decoded.events) + len(decoded.rejects))
         outputs = [self._dead_letter(message, reject) for reject in dead_letters(decoded, message.body)]
+        for kind, number in self.codec.kinds(decoded.events).items():
+            EVENTS_CONSUMED.labels(type=kind).inc(number)
         for event in decoded.events:
-            EVENTS_CONSUMED.labels(type=type(event).__name__).inc()
             for rule in self.rules:
                 if rule.accepts(event):
                     outputs.append(self._route(rule, event, published_ms, bool(message.redelivered)))

@@ -154,7 +154,7 @@ class EngineWorker:
     def count(self, cycle: Cycle) -> None:
         """Metrics once per cycle, never per event."""
         for kind, number in cycle.kinds.items():
-            EVENTS_CONSUMED.labels(type=kind.__name__).inc(number)
+            EVENTS_CONSUMED.labels(type=kind).inc(number)
         for outcome, number in (("applied", cycle.applied), ("duplicate", cycle.duplicate), ("late", cycle.late)):
             if number:
                 BOOK_EVENTS.labels(outcome=outcome).inc(number)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from aldebaran.core.rule import Alert, iso_utc
 from aldebaran.trades.codec import TRADE_CODEC
-from aldebaran.trades.events import Purchase, TradeEvent
+from aldebaran.trades.events import TradeEvent
 
 DAY_SECONDS = 86400.0
 CLOSE_SLACK_SECONDS = 60.0  # a book outlives its day a little: stamps near midnight still count
@@ -43,16 +43,16 @@ class ClientDailyLimit:
         self.max_shares = options.max_shares
 
     def accepts(self, event: TradeEvent) -> bool:
-        return isinstance(event, Purchase)
+        return event.initial_order_id is not None  # purchases only
 
-    def key(self, event: Purchase, at: float) -> str:
+    def key(self, event: TradeEvent, at: float) -> str:
         return f"{datetime.fromtimestamp(at, UTC):%Y-%m-%d}:{event.client}"
 
-    def partition_key(self, event: Purchase) -> str:
+    def partition_key(self, event: TradeEvent) -> str:
         # The key without its day: engines stamping a purchase either side of midnight agree.
         return event.client
 
-    def event_id(self, event: Purchase) -> str:
+    def event_id(self, event: TradeEvent) -> str:
         # An unambiguous (order, purchase) pair: trade_limits counts purchase ids per order too.
         return f"{len(event.order_id)}:{event.order_id}:{event.id}"
 
@@ -65,7 +65,7 @@ class ClientDailyLimit:
     def new_state(self, key: str) -> Day:
         return Day(key=key)
 
-    def apply(self, state: Day, event: Purchase, now: datetime) -> list[Alert]:
+    def apply(self, state: Day, event: TradeEvent, now: datetime) -> list[Alert]:
         state.purchased += event.shares
         state.purchase_ids.append(event.id)
         if state.alerted or state.purchased <= self.max_shares:

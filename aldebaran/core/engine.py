@@ -47,7 +47,7 @@ class Cycle:
     applied: int = 0
     duplicate: int = 0
     late: int = 0
-    kinds: Counter[type] = field(default_factory=Counter)  # events consumed per event class
+    kinds: Counter[str] = field(default_factory=Counter)  # events consumed per kind (the codec's `kinds`)
     conflicts: list[tuple[str, str, str]] = field(default_factory=list)  # (app, key, event id)
     close_failures: list[RuleFailure] = field(default_factory=list)  # a rule raised closing a book
     handovers: dict[int, bytes] = field(default_factory=dict)  # partition -> its events' handover body
@@ -235,7 +235,7 @@ class Engine:
             out.rejects += [(index, reject) for reject in self.codec.dead_letters(decoded, message.body)]
         events: list[Any] = decoded.events
         out.events += len(events)
-        out.kinds.update(map(type, events))
+        out.kinds.update(self.codec.kinds(events))
         return events
 
     def _share(self, events: list[Any], handed_over: bool, foreign: dict[int, list[Any]]) -> list[list[Any]]:

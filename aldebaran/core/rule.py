@@ -77,7 +77,8 @@ class Rule(Protocol, Generic[State]):
 
     name: str
     queue_prefix: str
-    codec: Any  # decode(body, content_type, max_bytes) -> Decoded; dead_letters(decoded, body); pack/unpack; describe
+    codec: Any  # decode(body, content_type, max_bytes) -> Decoded; dead_letters(decoded, body); kinds(events);
+    # pack/unpack; describe (aldebaran/trades/codec.py TradeCodec)
 
     def accepts(self, event: Event) -> bool:
         """Whether this rule wants the event at all."""

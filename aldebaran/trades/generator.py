@@ -31,7 +31,7 @@ def expected_alerts(events: list[TradeEvent]) -> set[str]:
     requests: dict[str, int] = {}
     purchased: dict[str, dict[str, int]] = {}
     for event in events:
-        if isinstance(event, PurchaseRequest):
+        if event.is_request:
             requests.setdefault(event.id, event.shares)
         else:
             purchased.setdefault(event.order_id, {})[event.id] = event.shares

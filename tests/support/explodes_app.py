@@ -11,7 +11,7 @@ from datetime import datetime
 
 from aldebaran.core.rule import Alert
 from aldebaran.trades.codec import TRADE_CODEC
-from aldebaran.trades.events import Purchase, TradeEvent
+from aldebaran.trades.events import TradeEvent
 
 
 class Explodes:
@@ -20,12 +20,12 @@ class Explodes:
     codec = TRADE_CODEC
 
     def accepts(self, event: TradeEvent) -> bool:
-        return isinstance(event, Purchase)
+        return event.initial_order_id is not None
 
-    def key(self, event: Purchase, at: float = 0.0) -> str:
+    def key(self, event: TradeEvent, at: float = 0.0) -> str:
         return event.order_id
 
-    def event_id(self, event: Purchase) -> str:
+    def event_id(self, event: TradeEvent) -> str:
         return event.id
 
     def opens(self, event: TradeEvent) -> bool:
@@ -37,7 +37,7 @@ class Explodes:
     def new_state(self, key: str) -> list[str]:
         return []
 
-    def apply(self, state: list[str], event: Purchase, now: datetime) -> list[Alert]:
+    def apply(self, state: list[str], event: TradeEvent, now: datetime) -> list[Alert]:
         if event.client == "boom":
             raise ValueError(f"boom on purchase {event.id}")
         state.append(event.id)
