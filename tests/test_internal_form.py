@@ -51,3 +51,11 @@ def test_what_is_neither_form_raises_a_value_error(junk: bytes) -> None:
         TRADE_CODEC.unpack(junk)
     with pytest.raises(ValueError):
         TRADE_CODEC.unpack_many(junk)
+
+
+def test_a_bad_packed_event_is_refused_for_what_is_wrong_with_it() -> None:
+    bad = msgspec.msgpack.encode({"id": "p1", "#shares": 0, "client": "c", "stock": "s"})
+    with pytest.raises(ValueError, match=r"#shares.*nor the tagged form"):
+        TRADE_CODEC.unpack(bad)
+    with pytest.raises(ValueError, match=r"#shares.*nor the tagged form"):
+        TRADE_CODEC.unpack_many(msgspec.msgpack.encode([msgspec.msgpack.decode(bad)]))

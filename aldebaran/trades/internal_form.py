@@ -8,6 +8,8 @@ may still wait in book queues and handovers when an upgraded worker starts, so b
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from aldebaran.trades.events import TradeEvent
@@ -54,13 +56,22 @@ def unpack(data: bytes) -> TradeEvent:
     """One packed event, in either form; msgspec.DecodeError (a ValueError) when neither."""
     try:
         return _one.decode(data)
-    except msgspec.ValidationError:
-        return _untagged(_tagged_one.decode(data))
+    except msgspec.ValidationError as error:
+        return _untagged(_tagged(error, _tagged_one, data))
 
 
 def unpack_many(data: bytes) -> list[TradeEvent]:
     """Packed events, in either form; msgspec.DecodeError (a ValueError) when neither."""
     try:
         return _many.decode(data)
-    except msgspec.ValidationError:
-        return [_untagged(old) for old in _tagged_many.decode(data)]
+    except msgspec.ValidationError as error:
+        return [_untagged(old) for old in _tagged(error, _tagged_many, data)]
+
+
+def _tagged(error: msgspec.ValidationError, decoder: msgspec.msgpack.Decoder[Any], data: bytes) -> Any:
+    """`data` in the tagged form; when it is not, an error naming what the current form found
+    wrong (a dead letter's reason) and then the tagged form's complaint."""
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as old:
+        raise msgspec.ValidationError(f"{error} (nor the tagged form of earlier workers: {old})") from None
