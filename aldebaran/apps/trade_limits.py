@@ -40,8 +40,7 @@ class TradeLimits:
         # The fields, not the `order_id` property: a property call per event costs the step.
         return event.id if event.initial_order_id is None else event.initial_order_id
 
-    def partition_key(self, event: TradeEvent) -> str:
-        return event.id if event.initial_order_id is None else event.initial_order_id
+    partition_key = key  # keyed by identity, so the key is already without time
 
     def event_id(self, event: TradeEvent) -> str:
         # Within one book the request's id is the book's key, so every request of the book is

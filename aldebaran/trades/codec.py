@@ -165,27 +165,11 @@ def _shared(events: list[TradeEvent]) -> list[TradeEvent] | None:
 
 
 def _typed(wires: list[_Wire]) -> list[TradeEvent] | None:
-    """The events of a batch fast-decoded into wire structs (integer ids), or None when a label
-    is blank (the slow path words it)."""
-    events: list[TradeEvent] = []
-    append = events.append
-    labels = _LABELS
-    for wire in wires:
-        ident, order = wire.id, wire.initial_order_id
-        if isinstance(ident, int):  # msgspec never yields a bool here
-            ident = str(ident)
-        elif ident.isspace() or (len(ident) > SHORT_ID and id_too_long(ident) is not None):
-            return None
-        if isinstance(order, int):
-            order = str(order)
-        elif order is not None and (order.isspace() or (len(order) > SHORT_ID and id_too_long(order) is not None)):
-            return None
-        client = labels.get(wire.client) or _new_label(wire.client)
-        stock = labels.get(wire.stock) or _new_label(wire.stock)
-        if not (client and stock):
-            return None
-        append(TradeEvent(ident, wire.shares, client, stock, order))
-    return events
+    """The events of a batch fast-decoded into wire structs, integer ids made strings, checked
+    and shared by `_shared`; None when it refuses them (the slow path words why)."""
+    return _shared([TradeEvent(str(wire.id), wire.shares, wire.client, wire.stock,
+                               None if wire.initial_order_id is None else str(wire.initial_order_id))
+                    for wire in wires])  # msgspec never yields a bool for an integer id
 
 
 # Clients and stocks are few and repeat across millions of open events: one string each, shared by

@@ -57,11 +57,6 @@ class TradeEvent(msgspec.Struct, rename={"shares": "#shares"}, forbid_unknown_fi
     def is_request(self) -> bool:
         return self.initial_order_id is None
 
-    @property
-    def kind(self) -> str:
-        """`PurchaseRequest` or `Purchase`: the events metric's `type` label."""
-        return REQUEST if self.initial_order_id is None else PURCHASE
-
     def to_wire(self) -> dict[str, object]:
         """The public wire form as a dict (CONTRACT §1)."""
         wire: dict[str, object] = {"id": self.id}
@@ -71,7 +66,7 @@ class TradeEvent(msgspec.Struct, rename={"shares": "#shares"}, forbid_unknown_fi
         return wire
 
 
-REQUEST, PURCHASE = "PurchaseRequest", "Purchase"
+REQUEST, PURCHASE = "PurchaseRequest", "Purchase"  # the events metric's `type` labels (TradeCodec.kinds)
 
 
 def PurchaseRequest(id: str, shares: int, client: str, stock: str) -> TradeEvent:
