@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiormq
 import aiormq.abc
+import aiormq.channel
 import pamqp.frame
 import pytest
 from aiormq.exceptions import DeliveryError, PublishError
@@ -67,6 +68,52 @@ async def test_an_unroutable_batch_is_returned_and_later_publishes_still_match(
     assert await (await publish_many(channel, [b"y"] * 5, props(5), routing_key="q2")).wait() == [None] * 5
     assert len(await drain(channel, "q2")) == 5
     assert not channel.message_id_delivery_tag  # the returned ones were forgotten too
+    assert not channel.confirmations  # and their Returning markers
+
+
+async def test_returns_between_routed_publishes_leave_nothing_behind(channel: aiormq.abc.AbstractChannel) -> None:
+    """Returned and routed messages interleaved, each settled: no confirm is left in flight, and
+    none that a `multiple` confirm covered stays behind a later tag (the broker's answers here
+    are returns each followed by its confirm, some of them `multiple`)."""
+    await channel.queue_declare("q5", durable=True)
+    await (await publish_many(channel, [b"x"], props(1), routing_key="q5")).wait()  # the walk is installed
+    walk, stayed = channel._on_confirm_frame, []
+
+    async def checked(frame: spec.Basic.Ack) -> None:
+        await walk(frame)
+        if frame.multiple:
+            stayed.extend(tag for tag in channel.confirmations if tag <= frame.delivery_tag)
+
+    channel._on_confirm_frame = checked  # type: ignore[method-assign]
+    calls = [await publish_many(channel, [b"r"] * 3, [spec.Basic.Properties(message_id=f"{i}-{j}") for j in range(3)],
+                                routing_key="nowhere" if i % 2 else "q5")
+             for i in range(20)]  # written back to back, answered while later ones go out
+    outcomes = [await c.wait(timeout=30) for c in calls]
+    assert all(o == [None] * 3 for o in outcomes[::2])
+    assert all(isinstance(r, PublishError) for o in outcomes[1::2] for r in o)
+    assert not channel.confirmations and not channel.message_id_delivery_tag
+    assert stayed == []
+
+
+async def test_a_multiple_confirm_settles_exactly_what_it_covers(channel: aiormq.abc.AbstractChannel) -> None:
+    """The confirm walk on hand-made maps: Returning markers in front (some above the confirmed
+    tag), then tags in publish order; what the confirm covers is settled, the rest stays."""
+    await channel.queue_declare("q6", durable=True)
+    await (await publish_many(channel, [b"x"], props(1), routing_key="q6")).wait()  # the walk is installed
+    confirmations = channel.confirmations
+    for returned, tags, acked in [((), range(100, 110), 104), ((103,), (100, 101, 102, 104, 105), 104),
+                                  ((107, 102), (100, 101, 103, 104, 108), 104), ((106,), (105,), 105)]:
+        futures = {tag: channel.create_future() for tag in tags}
+        for tag in returned:
+            confirmations[tag] = aiormq.channel.Returning()
+            confirmations.move_to_end(tag, last=False)
+        confirmations.update(futures)
+        await channel._on_confirm_frame(spec.Basic.Ack(delivery_tag=acked, multiple=True))
+        assert sorted(confirmations) == sorted(t for t in (*returned, *tags) if t > acked)
+        assert all(f.done() == (tag <= acked) for tag, f in futures.items())
+        for tag in list(confirmations):  # settled one by one: the next case starts from nothing
+            await channel._on_confirm_frame(spec.Basic.Ack(delivery_tag=tag, multiple=False))
+        assert not confirmations
 
 
 async def test_mixed_with_plain_publishes_on_one_channel(channel: aiormq.abc.AbstractChannel) -> None:

@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import struct
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import aiormq
 import aiormq.abc
+import aiormq.channel
 import pamqp.frame
 from aiormq.abc import ChannelFrame
 from aiormq.exceptions import DeliveryError
@@ -130,6 +132,49 @@ class _Slot:
         self._confirmations._answer(self._index, outcome)
 
 
+def _confirm_prefix(channel: aiormq.Channel) -> None:
+    """Give `channel` a confirm handler that settles a `multiple` confirm in O(messages settled).
+
+    aiormq's walks the whole confirmation map and schedules one loop callback per settled tag:
+    with hundreds of alerts in flight that was ~6 % of the `amqp` deliverer's CPU. The map holds
+    tags in publish order, but for a returned message, which aiormq re-inserts at the end as a
+    `Returning` marker: those are moved to the front, where the walk passes over the ones the
+    confirm does not cover, and stops at the first other tag it does not cover.
+    """
+    if getattr(channel, "_confirm_prefix", False):
+        return
+    confirmations = channel.confirmations
+    assert isinstance(confirmations, OrderedDict), "aiormq 7 keeps confirms in an OrderedDict"
+    on_return = channel._on_return_frame
+
+    async def on_return_frame(frame: spec.Basic.Return) -> None:
+        await on_return(frame)  # aiormq's: the returned tag, re-inserted last as a Returning marker
+        last = next(reversed(confirmations), None)
+        if last is not None and isinstance(confirmations[last], aiormq.channel.Returning):
+            confirmations.move_to_end(last, last=False)  # the front is right for any marker
+
+    async def on_confirm_frame(frame: spec.Basic.Ack | spec.Basic.Nack | spec.Basic.Reject) -> None:
+        tag = frame.delivery_tag
+        if tag not in confirmations:
+            aiormq.channel.log.error("Unexpected confirmation frame %r from broker", frame)
+            return
+        if not getattr(frame, "multiple", False):
+            channel._confirm_delivery(tag, frame)
+            return
+        settled = []
+        for key, confirmation in confirmations.items():
+            if key <= tag:
+                settled.append(key)
+            elif not isinstance(confirmation, aiormq.channel.Returning):
+                break
+        for key in settled:
+            channel._confirm_delivery(key, frame)
+
+    channel._on_return_frame = on_return_frame  # type: ignore[method-assign]
+    channel._on_confirm_frame = on_confirm_frame  # type: ignore[method-assign]
+    channel._confirm_prefix = True  # type: ignore[attr-defined]
+
+
 async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[bytes],
                        properties: Sequence[spec.Basic.Properties], *, exchange: str = "",
                        routing_key: str = "", mandatory: bool = True) -> Confirmations:
@@ -144,6 +189,7 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
         raise ValueError("publish_many needs a channel in confirm mode")
     if len(bodies) != len(properties):
         raise ValueError("one properties object per body")
+    _confirm_prefix(channel)
     number, limit = channel.number, channel.max_content_size
     publish = pamqp.frame.marshal(spec.Basic.Publish(exchange=exchange, routing_key=routing_key,
                                                      mandatory=mandatory), number)
