@@ -22,7 +22,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aldebaran.core.engine import Compaction, Engine
-from aldebaran.io.alert_witness import read_witnesses
+from aldebaran.io.alert_witness import read_witness_ids
 from aldebaran.log import get_logger
 
 if TYPE_CHECKING:
@@ -67,11 +67,11 @@ class Compactions:
         in flight (confirmed, not yet marked): that one and the rest go back to the queue."""
         session = self.session
         try:
-            witnesses = await read_witnesses(session.witness, session.witness_queue)
+            witnesses = await read_witness_ids(session.witness, session.witness_queue)
             if not witnesses:
                 return
-            pending = await session.store.pending_among([a for witness in witnesses for a in witness.alerts])
-            keep = next((i for i, w in enumerate(witnesses) if pending & w.alerts.keys()), len(witnesses))
+            pending = await session.store.pending_among([a for witness in witnesses for a in witness.ids])
+            keep = next((i for i, w in enumerate(witnesses) if pending & w.ids), len(witnesses))
             if keep:
                 await session.witness.basic_ack(witnesses[keep - 1].tag, multiple=True)
             if keep < len(witnesses):

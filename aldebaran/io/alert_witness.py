@@ -37,6 +37,7 @@ class _Id(msgspec.Struct):
 
 
 _id_decoder = msgspec.json.Decoder(_Id)
+_ids_decoder = msgspec.json.Decoder(list[_Id] | _Id)
 
 
 def witness_queue(settings: Settings) -> str:
@@ -61,22 +62,52 @@ class Witness(NamedTuple):
     alerts: dict[str, bytes]  # alert id -> its JSON
 
 
+class WitnessIds(NamedTuple):
+    """One witness message as a trim needs it: its delivery tag, the ids of its alerts."""
+
+    tag: int
+    ids: frozenset[str]
+
+
 async def read_witnesses(channel: aiormq.abc.AbstractChannel, queue: str,
                          limit: int | None = TRIM_READ) -> list[Witness]:
     """The witness messages in queue order (at most `limit`; None: all), unacked (the caller
     acks or returns them)."""
-    witnesses: list[Witness] = []
-    while limit is None or len(witnesses) < limit:
+    return [Witness(tag, _alerts(body)) for tag, body in await _get(channel, queue, limit)]
+
+
+async def read_witness_ids(channel: aiormq.abc.AbstractChannel, queue: str,
+                           limit: int | None = TRIM_READ) -> list[WitnessIds]:
+    """As `read_witnesses`, the alert ids alone: a trim decodes each message in one call, a
+    third of splitting it and decoding each alert."""
+    return [WitnessIds(tag, _ids(body)) for tag, body in await _get(channel, queue, limit)]
+
+
+async def _get(channel: aiormq.abc.AbstractChannel, queue: str, limit: int | None) -> list[tuple[int, bytes]]:
+    got: list[tuple[int, bytes]] = []
+    while limit is None or len(got) < limit:
         message = await channel.basic_get(queue, no_ack=False)
         if not isinstance(message.delivery, spec.Basic.GetOk):
             break
-        alerts: dict[str, bytes] = {}
-        try:
-            for raw in split_alerts(message.body):
-                alerts[_id_decoder.decode(raw).alert_id] = raw
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not ours: acked with the rest
-            log.warning("unreadable witness message", error=str(exc))
         tag = message.delivery.delivery_tag
         assert tag is not None, "a Basic.GetOk always carries its delivery tag"
-        witnesses.append(Witness(tag, alerts))
-    return witnesses
+        got.append((tag, message.body))
+    return got
+
+
+def _alerts(body: bytes) -> dict[str, bytes]:
+    alerts: dict[str, bytes] = {}
+    try:
+        for raw in split_alerts(body):
+            alerts[_id_decoder.decode(raw).alert_id] = raw
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not ours: acked with the rest
+        log.warning("unreadable witness message", error=str(exc))
+    return alerts
+
+
+def _ids(body: bytes) -> frozenset[str]:
+    try:
+        value = _ids_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):  # what `_alerts` reads of it, and its warning
+        return frozenset(_alerts(body))
+    return frozenset(a.alert_id for a in value) if isinstance(value, list) else frozenset((value.alert_id,))
