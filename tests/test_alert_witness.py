@@ -30,6 +30,10 @@ BODIES = [
     b"not json",  # not ours
     msgspec.json.encode([alert(6), {"kind": "no id"}, alert(7)]),  # broken after one alert
     b"[]",
+    msgspec.json.encode([alert(8), {"alert_id": 9}]),  # an id that is not a string
+    msgspec.json.encode(alert(10)) + b" trailing",
+    b'"over_purchase:11"',  # a JSON string
+    b"[" * 100_000 + b"]" * 100_000,  # deeper than the decoder goes
 ]
 
 
@@ -51,7 +55,7 @@ async def test_the_ids_read_matches_the_full_read_message_for_message(channel: a
     assert [w.ids for w in ids] == [frozenset(w.alerts) for w in full]
     assert [sorted(w.ids) for w in ids] == [
         ["over_purchase:1", "over_purchase:2", "over_purchase:3"], ["over_purchase:4"], ["over_purchase:5"], [],
-        ["over_purchase:6"], []]
+        ["over_purchase:6"], [], ["over_purchase:8"], [], [], []]
 
 
 async def test_the_ids_read_stops_at_its_limit_and_leaves_the_rest(channel: aiormq.abc.AbstractChannel) -> None:
@@ -68,7 +72,9 @@ def test_a_running_engine_trims_the_witnesses_of_alerts_it_marked_sent(broker, w
     orders = [f"trim-{n}" for n in range(3)]
     with running(dict(worker_env, ALDEBARAN_MODE="engine"), tmp_path / "up.log"):
         for order in orders:  # one message each: a witness each
-            broker.publish([PurchaseRequest(order, 100, "c", "s"), Purchase(f"{order}-p", order, 150, "c", "s")], batch=2)
-            assert alert_counts(collect_alerts(broker, expected=1, timeout=30, settle=0)) == {f"over_purchase:{order}": 1}
+            broker.publish([PurchaseRequest(order, 100, "c", "s"), Purchase(f"{order}-p", order, 150, "c", "s")],
+                           batch=2)
+            alerts = collect_alerts(broker, expected=1, timeout=30, settle=0)
+            assert alert_counts(alerts) == {f"over_purchase:{order}": 1}
         wait_until(lambda: broker.depth(WITNESS_QUEUE) == 0, "the witnesses trimmed", timeout=30)
     assert broker.depth(WITNESS_QUEUE) == 0

@@ -100,7 +100,7 @@ def _alerts(body: bytes) -> dict[str, bytes]:
     try:
         for raw in split_alerts(body):
             alerts[_id_decoder.decode(raw).alert_id] = raw
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # not ours: acked with the rest
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:  # not ours: acked with the rest
         log.warning("unreadable witness message", error=str(exc))
     return alerts
 
@@ -108,6 +108,6 @@ def _alerts(body: bytes) -> dict[str, bytes]:
 def _ids(body: bytes) -> frozenset[str]:
     try:
         value = _ids_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):  # what `_alerts` reads of it, and its warning
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):  # what `_alerts` reads, and its warning
         return frozenset(_alerts(body))
     return frozenset(a.alert_id for a in value) if isinstance(value, list) else frozenset((value.alert_id,))

@@ -145,6 +145,8 @@ def _confirm_prefix(channel: aiormq.Channel) -> None:
         return
     confirmations = channel.confirmations
     assert isinstance(confirmations, OrderedDict), "aiormq 7 keeps confirms in an OrderedDict"
+    for key in [k for k, c in confirmations.items() if isinstance(c, aiormq.channel.Returning)]:
+        confirmations.move_to_end(key, last=False)  # returned before this (a plain publish's)
     on_return = channel._on_return_frame
 
     async def on_return_frame(frame: spec.Basic.Return) -> None:
