@@ -11,6 +11,7 @@ across each other).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from aldebaran.io.engine_store import Fenced
@@ -41,6 +42,7 @@ class _Store:
     def __init__(self) -> None:
         self.requests: list[int] = []
         self.replies: list[asyncio.Future[None]] = []
+        self.sends: list[Any] = []  # the request coroutines handed out
 
     def compact(self, compaction: int) -> Any:
         self.requests.append(compaction)  # asked for at once: the picture is the request's
@@ -49,7 +51,8 @@ class _Store:
 
         async def send() -> None:
             await reply
-        return send()
+        self.sends.append(send())
+        return self.sends[-1]
 
 
 class _Session:
@@ -88,7 +91,8 @@ def test_one_compaction_is_in_flight_at_a_time_and_the_engine_hears_of_it_once_s
         assert engine.stored == [1] and compactions.done == 1
         compactions.maybe_start(engine, 2.6)  # 1.6 s since the last start
         assert session.store.requests == [1, 2] and session.failures == []
-        compactions.cancel()
+        compactions.cancel()  # before the second's task ran: its request is closed, never sent
+        assert inspect.getcoroutinestate(session.store.sends[1]) == inspect.CORO_CLOSED
 
     asyncio.run(scenario())
 

@@ -18,6 +18,7 @@ alert witnesses whose alerts are all marked sent are trimmed.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ class Compactions:
         self.every_seconds = every_seconds
         self.last_start = now
         self.task: asyncio.Task[None] | None = None  # the compaction in flight
+        self._request: Coroutine[Any, Any, None] | None = None  # what that task sends
         self.trimming: asyncio.Task[None] | None = None  # reading alert witnesses (one at a time)
         self.done = 0  # compactions stored this session (for tests and logs)
 
@@ -49,6 +51,7 @@ class Compactions:
         self.last_start = now
         compaction = engine.compaction()
         request = self.session.store.compact(compaction)  # encoded now: the cycles go on changing the markers
+        self._request = request
         self.task = asyncio.ensure_future(self._store(engine, compaction, request))
 
     async def _store(self, engine: Engine, compaction: Compaction, request: Coroutine[Any, Any, None]) -> None:
@@ -85,3 +88,5 @@ class Compactions:
         for task in (self.task, self.trimming):
             if task is not None:
                 task.cancel()
+        if self._request is not None and inspect.getcoroutinestate(self._request) == inspect.CORO_CREATED:
+            self._request.close()  # cancelled before its task ran: never sent, and not to be warned of
