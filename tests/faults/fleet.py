@@ -368,10 +368,34 @@ class PrivateRedis:
         self.process = None
 
 
-def in_background(action: Callable[[], None]) -> Callable[[], threading.Thread]:
-    """A fault injected from a thread, so the publisher keeps publishing (and retrying) meanwhile."""
-    def start() -> threading.Thread:
-        thread = threading.Thread(target=action, daemon=True)
-        thread.start()
-        return thread
+class Fault(threading.Thread):
+    """A fault injected from a thread, so the publisher keeps publishing (and retrying)
+    meanwhile. What the fault raised is kept: a restart that never came back is reported as
+    itself, not as the publisher's "connection refused" minutes later."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        super().__init__(daemon=True)
+        self.action = action
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.action()
+        except BaseException as exc:  # noqa: BLE001 - kept for the test to raise
+            self.error = exc
+
+
+def in_background(action: Callable[[], None]) -> Callable[[], Fault]:
+    """A mark's action that starts `action` as a Fault and returns it."""
+    def start() -> Fault:
+        fault = Fault(action)
+        fault.start()
+        return fault
     return start
+
+
+def raise_fault_errors(faults: Iterable[Fault]) -> None:
+    """Raise what the first failed fault raised, if one failed."""
+    for fault in faults:
+        if fault.error is not None:
+            raise RuntimeError(f"a fault injected mid-stream failed: {fault.error!r}") from fault.error

@@ -8,15 +8,15 @@ expected alert exactly once.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
-from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fleet, PrivateRedis, RetryingPublisher, describe,
-                                in_background, in_doubt_ids, pull_queue_deliveries, wait_for_sinks)
+from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fault, Fleet, PrivateRedis, RetryingPublisher, describe,
+                                in_background, in_doubt_ids, pull_queue_deliveries, raise_fault_errors,
+                                wait_for_sinks)
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import expected_alerts
 from tests.support.checker import fault_stream
@@ -32,12 +32,17 @@ def _run(fleet: Fleet, stream, publisher_url: str, sinks: dict, at: dict, redis:
     """Publish the stream with the faults `at` its marks; the sinks' reports once all is in. The
     webhook is at most once: an attempt a fault interrupted is in doubt (`redis`: where to look)."""
     publisher = RetryingPublisher(publisher_url)
-    threads: list[threading.Thread] = []
-    marks = {p: (lambda action=action: threads.append(action())) for p, action in at.items()}
+    faults: list[Fault] = []
+    marks = {p: (lambda action=action: faults.append(action())) for p, action in at.items()}
     try:
-        publisher.publish_stream(stream.events, at=marks)
-        for thread in threads:
-            thread.join(timeout=300)
+        try:
+            publisher.publish_stream(stream.events, at=marks)
+        except RuntimeError:
+            raise_fault_errors(faults)  # the cause, where the publisher saw its symptom
+            raise
+        for fault in faults:
+            fault.join(timeout=300)
+        raise_fault_errors(faults)
         reports = wait_for_sinks(stream.expected, sinks, timeout=180 + len(stream.events) / 50,
                                  in_doubt={"webhook": lambda: in_doubt_ids(redis, prefix)})
         alive = fleet.alive()

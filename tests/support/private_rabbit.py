@@ -10,6 +10,7 @@ survive, like a real broker restart) and is removed with its files at the end.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,10 +26,32 @@ from tests.support.waiting import wait_until
 RABBIT_BIN = Path(os.environ.get("TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections as their local port."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, for a server that may restart.
+
+    While a private server is down its port is unbound, and a port of the ephemeral range can
+    then become the local port of any outgoing connection on the machine (the workers' own
+    reconnects to that very port included): the server could not listen on it again, and the
+    test would wait out its patience on "connection refused". Ports below the range are never
+    handed out that way.
+    """
+    floor = _ephemeral_floor()
+    while True:
+        port = random.randrange(max(1024, floor - 12000), floor)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
