@@ -22,6 +22,7 @@ from aldebaran.core.wal import WalMessage
 from aldebaran.io.alert_bus import publish_alerts
 from aldebaran.io.alert_witness import declare_witness, read_witnesses, witness_queue
 from aldebaran.io.engine_store import Committed, Outbox
+from aldebaran.io.inline_consumer import consume_inline
 from aldebaran.io.latency_samples import BOOK, DELIVERED, STARTED
 from aldebaran.io.publisher import published_ms
 from aldebaran.log import get_logger
@@ -88,7 +89,8 @@ class Session:
         consumers = [(TRADE_DATA, self._on_delivery)]
         if self.worker.partition is not None:
             consumers.append((engine_partition_queue(self.worker.partition), self._on_handover))
-        tags = [str((await self.inbound.basic_consume(queue, callback)).consumer_tag) for queue, callback in consumers]
+        tags = [await consume_inline(self.inbound, queue, callback, lambda exc: self.fail(exc, "delivery"))
+                for queue, callback in consumers]
         log.info("consuming", queues=[queue for queue, _ in consumers], mode="engine", prefetch=self.config.prefetch)
         self.life.ready()
         await self._serve(engine, tags)
@@ -124,10 +126,10 @@ class Session:
             await _wait(self.ended, self.config.lease_seconds / 4)
         return False
 
-    async def _on_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
+    def _on_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
         self._take(message, handed_over=False)
 
-    async def _on_handover(self, message: aiormq.abc.DeliveredMessage) -> None:
+    def _on_handover(self, message: aiormq.abc.DeliveredMessage) -> None:
         """Events of this partition's books, handed over by another engine."""
         self._take(message, handed_over=True)
 
