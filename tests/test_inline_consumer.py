@@ -70,8 +70,28 @@ async def test_a_plain_consumer_on_the_same_channel_keeps_aiormqs_way(
     assert (inline, plain) == ([b"a", b"b"], [b"c", b"d"])
 
 
-async def test_a_callback_that_raises_tells_its_owner_and_leaves_the_message_for_the_queue(
+async def test_a_cancelled_inline_consumers_tag_given_to_a_plain_consumer_goes_the_plain_way(
         connection: aiormq.abc.AbstractConnection) -> None:
+    channel = await connection.channel()
+    queue = await _queue_of(channel, [])
+    inline: list[bytes] = []
+    plain: list[bytes] = []
+
+    async def plain_take(message: aiormq.abc.DeliveredMessage) -> None:
+        plain.append(message.body)
+
+    tag = await consume_inline(channel, queue, lambda m: inline.append(m.body), _fail)
+    await channel.basic_cancel(tag)
+    await channel.basic_consume(queue, plain_take, consumer_tag=tag)
+    for body in (b"x", b"y"):
+        await channel.basic_publish(body, routing_key=queue)
+    await eventually(lambda: len(plain) == 2, lambda: f"{plain} (inline: {inline})")
+    assert (plain, inline) == ([b"x", b"y"], [])
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug in filing"), asyncio.CancelledError("a bug in filing")])
+async def test_a_callback_that_raises_tells_its_owner_and_leaves_the_message_for_the_queue(
+        connection: aiormq.abc.AbstractConnection, error: BaseException) -> None:
     channel = await connection.channel()
     await channel.basic_qos(prefetch_count=2)
     queue = (await channel.queue_declare("inline-raises", auto_delete=False)).queue
@@ -83,12 +103,12 @@ async def test_a_callback_that_raises_tells_its_owner_and_leaves_the_message_for
 
     def take(message: aiormq.abc.DeliveredMessage) -> None:
         if message.body == b"poison?":
-            raise RuntimeError("a bug in filing")
+            raise error
         fine.append(message.body)
 
     await consume_inline(channel, queue, take, errors.append)
     await eventually(lambda: fine, "the next delivery, the reader alive")
-    assert [repr(e) for e in errors] == [repr(RuntimeError("a bug in filing"))]
+    assert errors == [error]
     await channel.close()  # what the owner does: its unacked messages go back
     other = await connection.channel()
     message = await other.basic_get(queue, no_ack=True)

@@ -263,7 +263,7 @@ class Session:
                 self.worker.samples.add(BOOK, latency)
 
     def fail(self, exc: BaseException, part: str) -> None:
-        """A part running beside the cycles (`output`, `compaction`) failed: the session ends, and
+        """A part running beside the cycles (`output`, `compaction`, `delivery`) failed: the session ends, and
         unacked input comes back from the broker."""
         if self.failed is None:
             log.error("engine session failed; it restarts and unacked input comes back", part=part, error=repr(exc))

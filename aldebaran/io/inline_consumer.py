@@ -7,15 +7,17 @@ pays more for that than for filing it. `consume_inline` registers a consumer who
 is an ordinary function, called as soon as the message's frames are read; the frames, the
 message object and the acks are aiormq's own.
 
-The callback must not block. What it raises goes to `on_error`, and the message stays unacked,
-as aiormq leaves a failed consumer's message: the owner ends its session, and what it never
-acked goes back to the queue with the channel. It is not raised into the reader: a reader that
-raises closes its channel from inside itself, waits for a reply only it could read, and takes
-the connection down with it.
+The callback must not block, and must take any message: the engine's files it and judges its
+body in the cycle. What it raises goes to `on_error`, and the message stays unacked, as aiormq
+leaves a failed consumer's: the owner ends its session, and what it never acked goes back to the
+queue with the channel (a callback that raised on one message every time would end every session
+on it). It is not raised into the reader: a reader that raises closes its channel from inside
+itself, waits for a reply only it could read, and takes the connection down with it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -23,31 +25,41 @@ from typing import Any
 import aiormq.abc
 from pamqp import commands as spec
 
+from aldebaran.log import get_logger
+
 Deliver = Callable[[aiormq.abc.DeliveredMessage], None]
+OnError = Callable[[BaseException], None]
+_Inline = tuple[Deliver, OnError, Callable[[aiormq.abc.DeliveredMessage], Any]]  # the callback aiormq holds last
 _INSTALLED = "_aldebaran_inline_consumers"
+log = get_logger("amqp")
 
 
 async def consume_inline(channel: aiormq.abc.AbstractChannel, queue: str, callback: Deliver,
-                         on_error: Callable[[BaseException], None]) -> str:
+                         on_error: OnError) -> str:
     """Consume `queue` on `channel` with `callback` called inline; the consumer tag."""
     consumers = _install(channel)
     # Filed before the consume is sent: the broker's first deliveries can be read before the
     # reply to it reaches the caller.
     tag = f"ctag{channel.number}.{uuid.uuid4().hex}"
-    consumers[tag] = (callback, on_error)
+    placeholder = _unexpected(on_error)
+    consumers[tag] = (callback, on_error, placeholder)
     try:
-        await channel.basic_consume(queue, _never_called, consumer_tag=tag)
+        await channel.basic_consume(queue, placeholder, consumer_tag=tag)
     except BaseException:
         del consumers[tag]
         raise
     return tag
 
 
-async def _never_called(message: aiormq.abc.DeliveredMessage) -> None:
-    raise AssertionError("an inline consumer's deliveries never reach aiormq's task per message")
+def _unexpected(on_error: OnError) -> Callable[[aiormq.abc.DeliveredMessage], Any]:
+    """The callback aiormq holds for an inline consumer: called only if an aiormq release stopped
+    calling the replaced handler, and then the owner hears of it instead of a stalled consumer."""
+    async def delivered_the_plain_way(message: aiormq.abc.DeliveredMessage) -> None:
+        on_error(RuntimeError("aiormq delivered an inline consumer's message through its task per message"))
+    return delivered_the_plain_way
 
 
-def _install(channel: Any) -> dict[str, tuple[Deliver, Callable[[BaseException], None]]]:
+def _install(channel: Any) -> dict[str, _Inline]:
     """The channel's inline consumers, its delivery handler replaced the first time."""
     consumers = getattr(channel, _INSTALLED, None)
     if consumers is not None:
@@ -58,16 +70,23 @@ def _install(channel: Any) -> dict[str, tuple[Deliver, Callable[[BaseException],
     read_content = channel._read_content
 
     async def on_deliver_frame(frame: spec.Basic.Deliver) -> None:
-        inline = consumers.get(frame.consumer_tag) if frame.consumer_tag in channel.consumers else None
-        if inline is None:  # another consumer's, or one cancelled: aiormq's own way
+        tag = frame.consumer_tag
+        inline = consumers.get(tag)
+        if inline is not None and channel.consumers.get(tag) is not inline[2]:
+            del consumers[tag]  # cancelled, or its tag given since to a plain consumer
+            inline = None
+        if inline is None:  # aiormq's own way
             await plain(frame)
             return
         message = await read_content(frame, await content_header())
-        callback, on_error = inline
+        callback, on_error, _ = inline
         try:
             callback(message)
-        except Exception as exc:  # noqa: BLE001 - the owner's to handle (module docstring)
-            on_error(exc)
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the owner's to handle (module docstring)
+            try:
+                on_error(exc)
+            except Exception:  # never into the reader
+                log.exception("an inline consumer's error handler failed", consumer_tag=tag)
 
     channel._on_deliver_frame = on_deliver_frame
     setattr(channel, _INSTALLED, consumers)

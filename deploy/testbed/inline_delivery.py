@@ -60,19 +60,17 @@ async def _drain(connection: aiormq.abc.AbstractConnection, count: int, inline: 
     async def take_in_a_task(message: aiormq.abc.DeliveredMessage) -> None:
         take(message)
 
+    errors: list[BaseException] = []
     started = time.process_time()
     if inline:
-        await consume_inline(channel, queue, take, _raise)
+        await consume_inline(channel, queue, take, errors.append)
     else:
         await channel.basic_consume(queue, take_in_a_task)
-    await done
+    await asyncio.wait_for(done, timeout=600)
     cost = (time.process_time() - started) / count * 1e6
+    assert not errors, errors
     await channel.close()
     return cost
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
 
 
 async def main(count: int, rounds: int) -> None:
