@@ -37,12 +37,13 @@ def _run(fleet: Fleet, stream, publisher_url: str, sinks: dict, at: dict, redis:
     try:
         try:
             publisher.publish_stream(stream.events, at=marks)
-        except RuntimeError:
+        except Exception:
             raise_fault_errors(faults)  # the cause, where the publisher saw its symptom
             raise
         for fault in faults:
             fault.join(timeout=300)
         raise_fault_errors(faults)
+        assert not any(fault.is_alive() for fault in faults), "a fault still running 300 s after the stream"
         reports = wait_for_sinks(stream.expected, sinks, timeout=180 + len(stream.events) / 50,
                                  in_doubt={"webhook": lambda: in_doubt_ids(redis, prefix)})
         alive = fleet.alive()

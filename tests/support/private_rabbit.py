@@ -26,32 +26,40 @@ from tests.support.waiting import wait_until
 RABBIT_BIN = Path(os.environ.get("TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 
 
-def _ephemeral_floor() -> int:
-    """The lowest port the kernel hands to outgoing connections as their local port."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections as their local port."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_HANDED_OUT: set[int] = set()  # a port handed out is not handed out again while this process runs
 
 
 def free_port() -> int:
-    """A free port below the kernel's ephemeral range, for a server that may restart.
+    """A free port outside the kernel's ephemeral range, for a server that may restart.
 
     While a private server is down its port is unbound, and a port of the ephemeral range can
     then become the local port of any outgoing connection on the machine (the workers' own
     reconnects to that very port included): the server could not listen on it again, and the
-    test would wait out its patience on "connection refused". Ports below the range are never
-    handed out that way.
+    test would wait out its patience on "connection refused". Ports outside the range are never
+    handed out that way: the 12,000 below it, or those above it where the range starts too low.
     """
-    floor = _ephemeral_floor()
+    low, high = _ephemeral_range()
+    band = (max(1024, low - 12000), low) if low - 1024 >= 2000 else (high + 1, 65536)
     while True:
-        port = random.randrange(max(1024, floor - 12000), floor)
+        port = random.randrange(*band)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
