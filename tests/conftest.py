@@ -7,6 +7,7 @@ from typing import Iterator
 
 import pytest
 
+from aldebaran.io import frame_reader
 from aldebaran.settings import Settings
 from tests.support import services
 from tests.support.pipeline import Broker, declare
@@ -30,6 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def _real_services() -> None:
     services.check_services()
+    frame_reader.install()  # as every worker process reads its frames (workers/runtime.py)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from aldebaran import systemd
 from aldebaran.errors import AldebaranError, ExitCode
+from aldebaran.io import frame_reader
 from aldebaran.log import get_logger
 from aldebaran.metrics import serve as serve_metrics
 from aldebaran.runtime_tuning import run
@@ -49,6 +50,7 @@ class Worker(Protocol):
 
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     """Run workers until a signal or a crash; returns the process exit status."""
+    frame_reader.install()
     return run(_supervise(settings, list(workers)))
 
 

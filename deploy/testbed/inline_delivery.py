@@ -1,10 +1,12 @@
-"""What a delivery costs the consuming process: aiormq's task per message against consume_inline.
+"""What a delivery costs the consuming process: aiormq's task per message against consume_inline,
+and consume_inline on frames read by `aldebaran.io.frame_reader` (as every worker reads them).
 
 A queue of the machine's broker is filled with messages the size of a 100-event JSON batch,
-then drained once by a plain aiormq consumer (a coroutine callback, one task per message) and
-once by `aldebaran.io.inline_consumer.consume_inline`, in alternating rounds; both ack every
-100th message with `multiple`, as the engine's cycles do. Prints the process's CPU µs per
-delivery of each round, on uvloop (the engine's loop), and the medians.
+then drained by a plain aiormq consumer (a coroutine callback, one task per message), by
+`aldebaran.io.inline_consumer.consume_inline`, and by it on a connection reading through
+`frame_reader`, in rounds whose order alternates; all ack every 100th message with `multiple`,
+as the engine's cycles do. Prints the process's CPU µs per delivery of each round, on uvloop
+(the engine's loop), and the medians.
 
     .venv/bin/python deploy/testbed/inline_delivery.py [messages, default 20000] [rounds, default 5]
 """
@@ -20,10 +22,12 @@ from pathlib import Path
 
 import aiormq
 import aiormq.abc
+import aiormq.connection
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from aldebaran.io import frame_reader
 from aldebaran.io.inline_consumer import consume_inline
 
 URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -73,15 +77,31 @@ async def _drain(connection: aiormq.abc.AbstractConnection, count: int, inline: 
     return cost
 
 
-async def main(count: int, rounds: int) -> None:
+PLAIN_FRAMES = aiormq.connection.FrameReceiver.get_frame
+
+
+async def _on_connection(count: int, inline: bool, lean_frames: bool) -> float:
+    """One drain on a connection of its own, its frames read by aiormq or by `frame_reader`."""
+    aiormq.connection.FrameReceiver.get_frame = PLAIN_FRAMES  # type: ignore[method-assign]
+    if lean_frames:
+        frame_reader.install()
     connection = await aiormq.connect(URL)
-    costs: dict[str, list[float]] = {"task per message": [], "consume_inline": []}
-    runs: list[tuple[str, Callable[[], object]]] = [("task per message", lambda: _drain(connection, count, False)),
-                                                    ("consume_inline", lambda: _drain(connection, count, True))]
+    try:
+        return await _drain(connection, count, inline)
+    finally:
+        await connection.close()
+        aiormq.connection.FrameReceiver.get_frame = PLAIN_FRAMES  # type: ignore[method-assign]
+
+
+async def main(count: int, rounds: int) -> None:
+    runs: list[tuple[str, Callable[[], object]]] = [
+        ("task per message", lambda: _on_connection(count, False, False)),
+        ("consume_inline", lambda: _on_connection(count, True, False)),
+        ("consume_inline, frame_reader", lambda: _on_connection(count, True, True))]
+    costs: dict[str, list[float]] = {label: [] for label, _ in runs}
     for n in range(rounds):
         for label, run in runs if n % 2 == 0 else runs[::-1]:
             costs[label].append(await run())  # type: ignore[misc]
-    await connection.close()
     for label, values in costs.items():
         shown = ", ".join(f"{v:.1f}" for v in values)
         print(f"{label}: {statistics.median(values):.1f} µs of CPU per delivery (median; rounds {shown})")
