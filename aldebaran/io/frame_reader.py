@@ -9,15 +9,21 @@ the engine outside its step; read here, 20 (docs/benchmarks.md, 2026-12-04). `in
 replaces `FrameReceiver.get_frame` in this process with `read_frame`: two reads per frame,
 and those three frame kinds decoded here into the very objects pamqp builds (same classes,
 same attribute values, unvalidated as pamqp leaves decoded values); every other frame, and
-every content header this does not know field for field, goes to pamqp. The handshake
-(before the first frame is read) stays aiormq's own.
+every content header this does not know field for field, goes to pamqp. The first frame of a
+connection (`Connection.Start`, where aiormq checks for a protocol header) is read by aiormq.
 
-The lock is not kept: after the handshake only the connection's reader task reads frames.
+The lock is not kept: frames are read one call after another, by `connect()` for the rest of
+the handshake and then by the connection's one reader task. The method replaced is aiormq
+7.2's, known by its source: where another release's differs, `install` keeps aiormq's reader
+and logs why, rather than drop whatever that release changed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
+import inspect
 import struct
 from typing import Any
 
@@ -27,6 +33,8 @@ from pamqp import commands, decode, frame
 from pamqp.body import ContentBody
 from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
+
+from aldebaran.log import get_logger
 
 _HEAD = struct.Struct(">BHI")
 _DELIVER_TAIL = struct.Struct(">qB")  # delivery tag (signed, as pamqp reads it), the redelivered bit
@@ -44,6 +52,8 @@ _FIELDS = (("content_type", 0x8000, _SHORT), ("content_encoding", 0x4000, _SHORT
            ("app_id", 0x0008, _SHORT), ("cluster_id", 0x0004, _SHORT))
 _DEFAULTS: dict[str, Any] = {name: None for name, _, _ in _FIELDS} | {"cluster_id": ""}  # as `Basic.Properties()`
 _KNOWN_FLAGS = sum(bit for _, bit, _ in _FIELDS)
+_REPLACES = "3adff046743a2328"  # sha256 of aiormq 7.2's `FrameReceiver.get_frame` source, its first 16 digits
+log = get_logger("amqp")
 
 
 def decode_frame(head: bytes, payload: bytes) -> tuple[int, int, Any]:
@@ -134,6 +144,10 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, Any]:
     except asyncio.IncompleteReadError as exc:
         raise AMQPConnectionError(f"Server connection unexpectedly closed. Read {len(exc.partial)} bytes but "
                                   f"{exc.expected} bytes expected") from exc
+    except ConnectionRefusedError as exc:
+        raise AMQPConnectionError(f"Server connection refused: {exc!r}") from exc
+    except ConnectionResetError as exc:
+        raise AMQPConnectionError(f"Server connection reset: {exc!r}") from exc
     except ConnectionError as exc:
         raise AMQPConnectionError(f"Server connection error: {exc!r}") from exc
     except OSError as exc:
@@ -144,14 +158,27 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, Any]:
         raise InvalidFrameError(str(exc)) from exc
 
 
-def install() -> None:
-    """Read frames with `read_frame` on every aiormq connection of this process, once its
-    handshake is read (idempotent)."""
+def source_digest(function: Any) -> str:
+    """The first 16 hex digits of the sha256 of `function`'s source ("" when it has none)."""
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return ""
+
+
+def install() -> bool:
+    """Read frames with `read_frame` on every aiormq connection of this process, after each
+    connection's first frame (idempotent); False when aiormq's reader is kept (module docstring)."""
     receiver = aiormq.connection.FrameReceiver
     plain = receiver.get_frame
     if getattr(plain, "_aldebaran_lean", False):
-        return
+        return True
+    if source_digest(plain) != _REPLACES:
+        log.warning("aiormq's frame reader is not the one frame_reader replaces; kept aiormq's",
+                    digest=source_digest(plain), expected=_REPLACES)
+        return False
 
+    @functools.wraps(plain)
     async def get_frame(self: aiormq.connection.FrameReceiver) -> tuple[int, int, Any]:
         if not self.started:
             return await plain(self)
@@ -162,3 +189,4 @@ def install() -> None:
 
     get_frame._aldebaran_lean = True  # type: ignore[attr-defined]
     receiver.get_frame = get_frame  # type: ignore[method-assign]
+    return True
