@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,7 +11,6 @@ from aldebaran.io import frame_reader
 from aldebaran.settings import Settings
 from tests.support import services
 from tests.support.pipeline import Broker, declare
-
 
 RECORDED_RUNS = {"test_audit", "test_audit_pipeline", "test_kill"}  # modules whose audits judge real runs
 

@@ -55,5 +55,6 @@ def test_the_api_never_imports_the_dashboard() -> None:
     """One-way layering: the dashboard builds on the API, never the reverse."""
     import aldebaran.api.app as app_module
 
-    source = open(app_module.__file__, encoding="utf-8").read()
+    with open(app_module.__file__, encoding="utf-8") as f:
+        source = f.read()
     assert "dashboard" not in "".join(line for line in source.splitlines() if "import" in line)

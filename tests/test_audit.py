@@ -156,7 +156,7 @@ async def record_known_stream(settings: Settings, vhost: services.Vhost) -> int:
     return expected_records
 
 
-def rewrite(root: Path, change) -> None:  # noqa: ANN001 - a function of the record list
+def rewrite(root: Path, change) -> None:
     records = read_records(root)
     for part in root.glob("date=*/hour=*/*.jsonl.gz"):
         part.unlink()
@@ -169,8 +169,8 @@ async def test_recorded_stream_audits_clean_then_injected_faults_are_found_exact
     root = Path(settings.traces_dir)
     assert len([r for r in read_records(root) if r["kind"] in ("publish", "deliver")]) == recorded
 
-    code, info, found = await asyncio.to_thread(audit, spark, root, tmp_path / "clean", book_ttl_s=TTL, grace_s=0.5, late_after_s=30,
-                                                ttl_tolerance_s=0.2, channels=["ops", "pager"])
+    code, info, found = await asyncio.to_thread(audit, spark, root, tmp_path / "clean", book_ttl_s=TTL, grace_s=0.5,
+                                                late_after_s=30, ttl_tolerance_s=0.2, channels=["ops", "pager"])
     assert found == [], found
     assert (code, info["verdict"]) == (0, "clean")
     assert info["counts"]["expected_alerts"] == 3 and info["counts"]["alert_publishes"] == 3
@@ -195,8 +195,9 @@ async def test_recorded_stream_audits_clean_then_injected_faults_are_found_exact
         return out
     rewrite(injected, inject)
 
-    code, info, found = await asyncio.to_thread(audit, spark, injected, tmp_path / "faults", book_ttl_s=TTL, grace_s=0.5, late_after_s=30,
-                                                ttl_tolerance_s=0.2, channels=["ops", "pager"])
+    code, info, found = await asyncio.to_thread(audit, spark, injected, tmp_path / "faults", book_ttl_s=TTL,
+                                                grace_s=0.5, late_after_s=30, ttl_tolerance_s=0.2,
+                                                channels=["ops", "pager"])
     assert found == sorted([("duplicate", "over_purchase:1", None), ("missed", "over_purchase:20", None),
                             ("spurious", "over_purchase:10", None)], key=str)
     assert code == 1 and info["verdict"] == "discrepancies" and info["discrepancies"] == 3
@@ -210,7 +211,8 @@ def test_wire_forms_meaning_and_channels(spark, tmp_path: Path) -> None:
     ev = lambda i, sh, o=None: {"id": i, "#shares": sh, "client": "C", "stock": "S",  # noqa: E731
                                 **({"initial_order_id": o} if o is not None else {})}
     t = T0 + 5_000
-    records = heartbeats(T0, T0 + 200_000) + [
+    records = [
+        *heartbeats(T0, T0 + 200_000),
         trade(t, b"id: A\n# shares: 10\nclient: C\nstock: S", "text/plain"),
         trade(t + 10, b"id: A1\nInitial_Order_Id: A\n#Shares: 6\nclient: C\nstock: S", "text/plain"),
         trade(t + 20, [ev("A2", 5, "A"), ev("A3", 0, "A")]),    # one bad element; the good one counts
@@ -227,7 +229,8 @@ def test_wire_forms_meaning_and_channels(spark, tmp_path: Path) -> None:
         trade(t + 200 + 65_000, ev("C1", 9, "C")),  # after the book closed: late, changes nothing
         # channels: one copy of every alert per channel; broker redeliveries are not duplicates
         *[delivery(t + 130, ch, aid) for ch in ("ops", "sms")
-          for aid in ("over_purchase:A", "over_purchase:1", "purchase_without_request:B") if (ch, aid) != ("sms", "over_purchase:1")],
+          for aid in ("over_purchase:A", "over_purchase:1", "purchase_without_request:B")
+          if (ch, aid) != ("sms", "over_purchase:1")],
         delivery(t + 131, "ops", "over_purchase:A", redelivered=True),
         delivery(t + 132, "ops", "over_purchase:1"),                  # a second first delivery: duplicate
         delivery(t + 133, "ops", "over_purchase:Y"),                  # never published: spurious

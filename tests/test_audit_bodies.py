@@ -51,7 +51,8 @@ def msgpack_as_json(packed: pd.Series) -> pd.Series:
 
 def frame(spark, messages: list[Body]):
     """The messages as `text` and `packed` (for Spark's reading) and as traced (`b64`, `msgpack`)."""
-    rows = [("v", 1000 + i, "trade", text, packed, base64.b64encode(packed or text.encode()).decode(), packed is not None)
+    rows = [("v", 1000 + i, "trade", text, packed, base64.b64encode(packed or text.encode()).decode(),
+             packed is not None)
             for i, (text, packed) in enumerate(messages)]
     return spark.createDataFrame(
         rows, "vhost string, ts long, kind string, text string, packed binary, b64 string, msgpack boolean")

@@ -10,11 +10,11 @@ from collections import Counter
 from pathlib import Path
 
 import aldebaran
-
 from aldebaran.bench.drain import Drain
 from aldebaran.bench.paced import Paced, percentiles
 from aldebaran.bench.table import BEGIN, END, alert_cell, median_paced, write
-from aldebaran.bench.targets import Results, rows as verdict_rows
+from aldebaran.bench.targets import Results
+from aldebaran.bench.targets import rows as verdict_rows
 from aldebaran.bench.workload import build
 from aldebaran.trades.codec import decode_message
 from aldebaran.trades.generator import expected_alerts
@@ -120,7 +120,8 @@ def test_bench_quick_smoke_run_writes_every_row_with_correct_alerts(tmp_path) ->
     assert len(floors) == 2, report  # the broker's own publish -> delivered under each paced load
     for row in floors:  # every message delivered and stamped: a p50 of the floor is a number
         cells = row.split("|")
-        assert float(cells[4].split("/")[0]) >= 0 and (cells[5].strip(), cells[6].strip()) == ("– / –", "– / – / –"), row
+        assert (float(cells[4].split("/")[0]) >= 0
+                and (cells[5].strip(), cells[6].strip()) == ("– / –", "– / – / –")), row
     for row in rows[6:]:  # each message is delivered, then its cycle starts, then it is in its book
         delivered, started = (float(part) for part in row.split("|")[5].split("/"))
         assert 0 <= delivered <= started <= float(row.split("|")[4].split("/")[2]), row

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aldebaran.apps.trade_limits import rule
 from aldebaran.core.book import Book, Outcome
 from aldebaran.trades.events import Purchase, PurchaseRequest
 
-NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, tzinfo=UTC)
 
 
 def run_book(events, ttl: float = 60.0, close: bool = True) -> list[tuple[str, int]]:

@@ -9,8 +9,8 @@ e-mail recipients instead of being parked.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 from urllib.parse import unquote
 
 import httpx

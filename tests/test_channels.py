@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 from urllib.parse import parse_qs
 
 import pika
@@ -26,8 +27,8 @@ from starlette.routing import Route
 
 from aldebaran.api.pullqueue import PullQueue
 from aldebaran.channels.base import Alert, RetryPolicy
-from aldebaran.channels.ledger import ledger_key
 from aldebaran.channels.email import message_id
+from aldebaran.channels.ledger import ledger_key
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import client as redis_client
 from aldebaran.settings import Settings
@@ -89,7 +90,7 @@ def get_all(amqp_url: str, queue: str) -> list[tuple[pika.BasicProperties, bytes
 async def running(*workers: Worker) -> AsyncIterator[None]:
     """Run workers in this loop; on exit stop them gracefully (in-flight work finishes)."""
     lives = [Lifecycle() for _ in workers]
-    tasks = [asyncio.create_task(w.run(life)) for w, life in zip(workers, lives)]
+    tasks = [asyncio.create_task(w.run(life)) for w, life in zip(workers, lives, strict=True)]
     try:
         ready = asyncio.gather(*(life._ready.wait() for life in lives))
         done, _ = await asyncio.wait([asyncio.ensure_future(ready), *tasks], timeout=WAIT_SECONDS,
@@ -151,7 +152,7 @@ class SmtpRecorder:
     def __init__(self) -> None:
         self.envelopes: list[Any] = []
 
-    async def handle_DATA(self, server, session, envelope):  # noqa: ANN001, N802 - aiosmtpd's hook
+    async def handle_DATA(self, server, session, envelope):
         self.envelopes.append(envelope)
         return "250 OK"
 

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from aldebaran.apps import load_rule, load_rules
-from aldebaran.apps import trade_limits
+from aldebaran.apps import load_rule, load_rules, trade_limits
 from aldebaran.apps.client_daily_limit import ClientDailyLimit, Options, make_rule
 from aldebaran.core.book import Book, Outcome
 from aldebaran.errors import ConfigError
 from aldebaran.settings import load_settings
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 
-NOW = datetime(2026, 11, 22, 12, tzinfo=timezone.utc)
-MIDNIGHT = datetime(2026, 11, 22, tzinfo=timezone.utc).timestamp()  # 2026-11-22T00:00:00Z
+NOW = datetime(2026, 11, 22, 12, tzinfo=UTC)
+MIDNIGHT = datetime(2026, 11, 22, tzinfo=UTC).timestamp()  # 2026-11-22T00:00:00Z
 DAY = 86400.0
 
 
@@ -42,7 +43,7 @@ def reference(limit: int, deliveries: list[tuple[TradeEvent, float]]) -> dict[st
     fired: dict[str, int] = {}
     for event, at in deliveries:
         if not event.is_request:
-            day = datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d")
+            day = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d")
             group = fills.setdefault((event.client, day), {})
             group.setdefault((event.order_id, event.id), event.shares)
             alert_id = f"client_daily_limit:{event.client}:{day}"

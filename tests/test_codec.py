@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import msgspec
-from hypothesis import assume, given, settings as hsettings, strategies as st
+from hypothesis import assume, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from aldebaran.trades.codec import (
     MSGPACK,
@@ -82,7 +84,8 @@ def test_reasons_are_readable() -> None:
         b'{"id": 1, "#shares": 0, "client": "c", "stock": "s"}': "#shares must be a positive integer, got 0",
         b'{"id": 1, "#shares": 1.5, "client": "c", "stock": "s"}': "#shares must be a positive integer, got 1.5",
         b'{"id": "", "#shares": 1, "client": "c", "stock": "s"}': "id must be a non-empty string or an integer, got ''",
-        b'{"id": true, "#shares": 1, "client": "c", "stock": "s"}': "id must be a non-empty string or an integer, got True",
+        b'{"id": true, "#shares": 1, "client": "c", "stock": "s"}':
+            "id must be a non-empty string or an integer, got True",
         b"[]": "empty batch",
         b"\xff\x00": "neither JSON nor the text form: not valid UTF-8",
         b"id:1\nnonsense": "text form line without ':': 'nonsense'",
@@ -149,7 +152,8 @@ def _outcome(decoded) -> tuple[list, list]:
 
 
 wire_values = st.one_of(
-    ident, label, st.just(""), st.just("   "), st.just("\u00a0"), st.text(max_size=3), st.text(min_size=199, max_size=202),
+    ident, label, st.just(""), st.just("   "), st.just("\u00a0"), st.text(max_size=3),
+    st.text(min_size=199, max_size=202),
     st.integers(min_value=-(2**70), max_value=2**70), st.integers(min_value=-2, max_value=2), st.booleans(),
     st.none(), st.floats(allow_nan=False), st.just("12"), st.just(" 7 "), st.just("\u00b2"),
     st.just(MAX_SHARES), st.just(MAX_SHARES + 1), st.just(10**201), st.lists(st.integers(), max_size=2),

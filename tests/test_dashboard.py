@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import socket
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import aio_pika
 import httpx
@@ -20,8 +21,8 @@ import pika
 
 from aldebaran.channels.base import park
 from aldebaran.channels.ledger import DeliveryLedger
-from aldebaran.io.alert_outbox import AlertOutbox, Emitted
 from aldebaran.core.rule import Alert, iso_utc
+from aldebaran.io.alert_outbox import AlertOutbox, Emitted
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import connect as connect_redis
 from aldebaran.settings import Settings
@@ -47,7 +48,7 @@ def with_channels(settings: Settings, **changes: Any) -> Settings:
 
 def over_purchase(order_id: str) -> Alert:
     return Alert(alert_id=f"over_purchase:{order_id}", kind="over_purchase", key=order_id,
-                 detected_at=iso_utc(datetime.now(timezone.utc)),
+                 detected_at=iso_utc(datetime.now(UTC)),
                  fields={"order_id": order_id, "client": "Sendence", "stock": "AAPL", "requested_shares": 100,
                          "purchased_shares": 120, "purchase_ids": ["2", "3"]})
 
@@ -80,7 +81,8 @@ async def park_alert(settings: Settings, channel_name: str, alert: Alert, reason
 async def mark_delivered(settings: Settings, channel: str, alert_id: str, target: str = "") -> None:
     redis = await connect_redis(settings)
     try:
-        await DeliveryLedger(redis, Keys(settings.redis_key_prefix), channel, 3600).settle(delivered=[(alert_id, target)])
+        await DeliveryLedger(redis, Keys(settings.redis_key_prefix), channel, 3600).settle(
+            delivered=[(alert_id, target)])
     finally:
         await redis.aclose()
 

@@ -13,10 +13,11 @@ import json
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pika
 import redis
@@ -245,7 +246,7 @@ async def test_rounds_of_many_alerts_with_copies_and_refusals_reach_each_recipie
                              "every webhook delivery", timeout=120)
             await eventually(lambda: all(queue_depth(s.amqp_url, channel_queue(q)) == 0 for q in ("hook", "pull")),
                              "both queues drained")
-        keys = [r["idempotency-key"] for r, status in zip(peer.requests, script) if status == 200]
+        keys = [r["idempotency-key"] for r, status in zip(peer.requests, script, strict=False) if status == 200]
         assert sorted(keys) == sorted(expected)  # each accepted once; refusals were retried
         client = redis.Redis.from_url(s.redis_url)
         try:

@@ -44,7 +44,7 @@ class PullQueueMachine(RuleBasedStateMachine):
         self.visible_again_at: dict[str, int] = {}  # last hand-out's deadline, never forgotten
         self.first_key: dict[str, str] = {}  # dedup id -> the key its first send created
 
-    def run(self, coro):  # noqa: ANN001, ANN201
+    def run(self, coro):
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from aldebaran.apps.trade_limits import TradeLimits
 from aldebaran.core.done_markers import GROUP_SECONDS, DoneMarkers
@@ -14,7 +16,7 @@ from aldebaran.trades.codec import MSGPACK, encode_msgpack
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from tests.support.done_store import StoredDone
 
-NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, tzinfo=UTC)
 RULES = {"trade_limits": TradeLimits()}
 
 # One step: add `n` fresh keys of app `app` expiring `gap` whole group-spans after the last

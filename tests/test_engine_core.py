@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from aldebaran.apps.trade_limits import TradeLimits, rule
 from aldebaran.core.batching import NaturalBatcher
@@ -18,7 +20,7 @@ from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from aldebaran.trades.generator import generate
 from tests.support.done_store import StoredDone
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TTL = 2.0
 
 
@@ -217,7 +219,8 @@ def test_a_lone_rule_sees_only_the_events_it_accepts() -> None:
     daily = ClientDailyLimit(Options(max_shares=100))
     engine = Engine([daily], default_ttl=TTL, done_retention=30.0, done_cap=10**9, max_message_bytes=1 << 20)
     # The request's 90 shares are not purchases: only the purchase's 20 count towards the limit.
-    message = WalMessage(MSGPACK, encode_msgpack([PurchaseRequest("1", 90, "c", "s"), Purchase("p1", "1", 20, "c", "s")]))
+    message = WalMessage(MSGPACK, encode_msgpack([PurchaseRequest("1", 90, "c", "s"),
+                                                  Purchase("p1", "1", 20, "c", "s")]))
     cycle = engine.cycle([message], 1_000, NOW)
     assert cycle.applied == 1 and cycle.alerts == []
     (day,) = engine.books.books["client_daily_limit"].values()

@@ -79,8 +79,8 @@ def test_sigkill_of_each_partitions_engine_mid_stream_loses_and_duplicates_nothi
             broker.publish(stream.events[part * third:(part + 1) * third if part < 2 else None], batch=40)
             if part == 2:
                 break
-            victim = wait_until(lambda: [c for c in _children(pipeline) if c.pid not in killed
-                                         and f"ALDEBARAN_ENGINE__PARTITION={part}" in _environ(c)],
+            victim = wait_until(lambda part=part: [c for c in _children(pipeline) if c.pid not in killed
+                                                   and f"ALDEBARAN_ENGINE__PARTITION={part}" in _environ(c)],
                                 f"partition {part}'s engine", timeout=60, pause=0.05)[0]
             os.kill(victim.pid, signal.SIGKILL)
             killed.append(victim.pid)

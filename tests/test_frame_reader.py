@@ -14,14 +14,13 @@ import aiormq
 import aiormq.abc
 import aiormq.connection
 import pytest
+from aiormq.exceptions import AMQPConnectionError, ConnectionClosed, InvalidFrameError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands, frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
-
-from aiormq.exceptions import AMQPConnectionError, ConnectionClosed, InvalidFrameError
 from structlog.testing import capture_logs
 
 from aldebaran.io import frame_reader
@@ -163,7 +162,7 @@ def _stream(*chunks: bytes, eof: bool = False) -> asyncio.StreamReader:
 async def test_read_frame_reads_a_frame_and_words_a_stream_ending_inside_the_next() -> None:
     deliver = commands.Basic.Deliver(consumer_tag="c", delivery_tag=9, exchange="x", routing_key="k")
     reader = _stream(frame.marshal(deliver, 4), frame.marshal(ContentBody(b"body"), 4)[:5], eof=True)
-    consumed, channel, value = await frame_reader.read_frame(reader)  # type: ignore[arg-type]
+    _consumed, channel, value = await frame_reader.read_frame(reader)  # type: ignore[arg-type]
     assert (channel, value.delivery_tag, value.routing_key) == (4, 9, "k")
     with pytest.raises(AMQPConnectionError, match="Read 5 bytes but 7 bytes expected"):
         await frame_reader.read_frame(reader)  # type: ignore[arg-type]

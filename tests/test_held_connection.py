@@ -27,7 +27,7 @@ async def redis(settings: Settings) -> aioredis.Redis:
     await client.aclose()
 
 
-def _script(redis: aioredis.Redis, text: str):  # noqa: ANN202 - redis-py's AsyncScript
+def _script(redis: aioredis.Redis, text: str):
     return redis.register_script(text.format(tag=uuid.uuid4().hex))
 
 

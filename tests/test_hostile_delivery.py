@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from email import message_from_bytes
 from email.policy import default as default_policy
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
+from typing import ClassVar
 from urllib.parse import parse_qs, unquote
 
 import pika
@@ -34,10 +35,10 @@ HOSTILE = ["é", "a\r\nb", "nul\x00id", "&", "(", "'", "Bcc: x@evil\r\n", "\U000
 class Recorder(BaseHTTPRequestHandler):
     """Answers 200 to every POST and keeps it (path, headers, body)."""
 
-    requests: list[tuple[str, dict[str, str], bytes]] = []
+    requests: ClassVar[list[tuple[str, dict[str, str], bytes]]] = []
     lock = threading.Lock()
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's hook
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         with self.lock:
             self.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
@@ -81,7 +82,8 @@ def test_hostile_ids_reach_webhook_sms_and_email_exactly_once(mode, broker, work
             expected = {f"over_purchase:{order}" for order in orders}
             with running(env, tmp_path / "up.log") as pipeline:
                 for n, order in enumerate(orders):
-                    broker.publish([PurchaseRequest(order, 10, "c", "s"), Purchase(f"p{n}", order, 11, "c", "s")], batch=2)
+                    broker.publish([PurchaseRequest(order, 10, "c", "s"), Purchase(f"p{n}", order, 11, "c", "s")],
+                                   batch=2)
                 alerts = collect_alerts(broker, expected=len(expected), timeout=60, settle=0)
                 total = 2 * len(expected)  # webhook + sms requests
                 wait_until(lambda: len(requests) >= total and len(smtp.envelopes) >= len(expected),
@@ -122,11 +124,13 @@ def test_a_forged_alert_id_over_255_bytes_is_refused_by_the_lookout(broker, work
             broker.channel.basic_publish("Aldebaran.Alert", "Aldebaran.Alert", json.dumps(forged).encode(),
                                          pika.BasicProperties(content_type="application/json"))
             for n in range(5):
-                broker.publish([PurchaseRequest(f"o{n}", 1, "c", "s"), Purchase(f"p{n}", f"o{n}", 2, "c", "s")], batch=2)
+                broker.publish([PurchaseRequest(f"o{n}", 1, "c", "s"), Purchase(f"p{n}", f"o{n}", 2, "c", "s")],
+                               batch=2)
             wait_until(lambda: len(requests) >= 5, lambda: f"5 webhook requests ({len(requests)})", timeout=60)
             dead: list = []
             wait_until(lambda: bool(dead.extend(broker.drain(DEAD_LETTER)) or dead), "the forged alert's dead letter")
             log = pipeline.log()
-    assert Counter(json.loads(body)["alert_id"] for _, _, body in requests) == {f"over_purchase:o{n}": 1 for n in range(5)}
+    assert (Counter(json.loads(body)["alert_id"] for _, _, body in requests)
+            == {f"over_purchase:o{n}": 1 for n in range(5)})
     assert len(dead) == 1 and "alert_id" in dead[0][0].headers["x-aldebaran-reason"]
     assert log.count("fan-out failed") <= 1

@@ -83,7 +83,8 @@ def test_ids_are_limited_to_200_bytes_of_utf8_on_both_paths() -> None:
 
 
 def _order(key: str, n: int) -> list[TradeEvent]:
-    return [PurchaseRequest(key, 10, "c", "s"), Purchase(f"p{n}a", key, 6, "c", "s"), Purchase(f"p{n}b", key, 5, "c", "s")]
+    return [PurchaseRequest(key, 10, "c", "s"), Purchase(f"p{n}a", key, 6, "c", "s"),
+            Purchase(f"p{n}b", key, 5, "c", "s")]
 
 
 @pytest.mark.parametrize("mode", ["engine", "per-order"])
@@ -103,7 +104,8 @@ def test_hostile_ids_and_a_forged_work_item_alert_exactly_once(mode, broker, wor
         broker.publish([Purchase("orphan-1", orphan, 3, "c", "s")])
         broker.publish([PurchaseRequest("y" * 201, 10, "c", "s")])
         broker.publish_raw(b"[" + b",".join([b"0"] * 3000) + b"]", "application/json")  # 3,000 junk elements
-        expected = {f"over_purchase:{key}" for key in HOSTILE} | {f"over_purchase:plain-{n}" for n in range(len(HOSTILE))}
+        expected = ({f"over_purchase:{key}" for key in HOSTILE}
+                    | {f"over_purchase:plain-{n}" for n in range(len(HOSTILE))})
         expected.add(f"purchase_without_request:{orphan}")
         alerts = collect_alerts(broker, expected=len(expected), timeout=90, settle=2)
         dead = broker.drain_until(DEAD_LETTER, 2 + forged_items)
@@ -114,7 +116,8 @@ def test_hostile_ids_and_a_forged_work_item_alert_exactly_once(mode, broker, wor
     assert "id must be at most 200 bytes of UTF-8, got 201" in reasons
     assert "Traceback" not in log and "PRECONDITION_FAILED" not in log
     assert len(dead) == 2 + forged_items  # the 3,000 junk elements are one summary dead letter
-    assert "3000 of 3000 batch elements rejected: 3000 x an event must be an object, got int (first at index 0)" in reasons
+    assert ("3000 of 3000 batch elements rejected: 3000 x an event must be an object, got int (first at index 0)"
+            in reasons)
     assert log.count('"event": "dead-lettered"') <= 4  # rate-limited: one line per kind
 
 
@@ -182,8 +185,8 @@ def test_an_alert_id_over_255_bytes_travels_shortened_in_both_modes(mode, broker
         broker.publish([Purchase("lone", "o-long", 11, client, "s")])  # alone in its cycle: a lone alert
         first = collect_alerts(broker, expected=1, timeout=60, settle=0)
         for n in range(10):  # unrelated orders, under the daily limit of their clients
-            broker.publish([PurchaseRequest(f"plain-{n}", 5, f"c{n}", "s"), Purchase(f"q{n}", f"plain-{n}", 6, f"c{n}", "s")],
-                           batch=2)
+            broker.publish([PurchaseRequest(f"plain-{n}", 5, f"c{n}", "s"),
+                            Purchase(f"q{n}", f"plain-{n}", 6, f"c{n}", "s")], batch=2)
         rest = collect_alerts(broker, expected=11, timeout=60, settle=2)
         alive = pipeline.process.poll() is None  # type: ignore[union-attr]
     [daily] = first

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aldebaran.trades.codec import TRADE_CODEC
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent

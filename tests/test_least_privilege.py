@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika

@@ -14,8 +14,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pika
@@ -69,7 +69,7 @@ def aggregator(tmp_path: Path, worker_env: dict[str, str]) -> Iterator[int]:
             try:
                 while "READY=1" not in sock.recv(4096).decode().splitlines():
                     pass
-            except socket.timeout:
+            except TimeoutError:
                 log.seek(0)
                 raise AssertionError(f"the aggregator never sent READY=1:\n{log.read()}") from None
             yield port
@@ -113,7 +113,8 @@ def test_counters_move_on_a_running_aggregator(aggregator: int, settings: Settin
 
     wait_until(counted, "2 events consumed and 1 dead letter on /metrics", timeout=30, pause=0.2, required=False)
     consumed = total(after, "aldebaran_events_consumed_total") - total(before, "aldebaran_events_consumed_total")
-    dead = total(after, "aldebaran_messages_dead_lettered_total") - total(before, "aldebaran_messages_dead_lettered_total")
+    dead = (total(after, "aldebaran_messages_dead_lettered_total")
+            - total(before, "aldebaran_messages_dead_lettered_total"))
     assert consumed == 2, after
     assert dead == 1, after
     for kind in ("PurchaseRequest", "Purchase"):  # one of each, by the codec's kind names
@@ -134,7 +135,7 @@ def test_counters_move_on_a_running_aggregator(aggregator: int, settings: Settin
     # The junk is in the dead-letter queue, with its reason.
     connection = open_blocking(settings.amqp_url)
     try:
-        method, properties, body = connection.channel().basic_get(DEAD_LETTER, auto_ack=False)
+        _method, properties, body = connection.channel().basic_get(DEAD_LETTER, auto_ack=False)
         assert body == b"\x00 not a trade" and properties.headers[REASON_HEADER]
     finally:
         connection.close()

@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 MINIMAL_WORKER = """
 import asyncio
 from aldebaran.settings import load_settings
@@ -64,9 +63,10 @@ def test_worker_sends_ready_watchdog_and_stopping(tmp_path: Path, worker_env: di
             while "STOPPING=1" not in seen:
                 _receive(sock, seen)
             output, _ = proc.communicate(timeout=30)
-        except socket.timeout:
+        except (TimeoutError, subprocess.TimeoutExpired) as exc:  # the socket or the exit
             proc.kill()
-            raise AssertionError(f"no notification; saw {seen}; worker said:\n{proc.communicate()[0].decode()}")
+            raise AssertionError(
+                f"no notification; saw {seen}; worker said:\n{proc.communicate()[0].decode()}") from exc
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -103,7 +103,7 @@ def test_api_sends_ready_and_watchdog(tmp_path: Path, worker_env: dict[str, str]
         try:
             while _beats_after_ready(seen) < 1:
                 _receive(sock, seen)
-        except socket.timeout:
+        except TimeoutError:
             pass
         finally:
             proc.terminate()

@@ -11,8 +11,8 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pika
 import pytest
@@ -54,7 +54,8 @@ def eventually(read: Callable[[], stats.Stats], ok: Callable[[stats.Stats], bool
     return current[0]
 
 
-def publish(settings: Settings, queue: str, body: bytes, headers: dict | None = None, message_id: str | None = None) -> None:
+def publish(settings: Settings, queue: str, body: bytes, headers: dict | None = None,
+            message_id: str | None = None) -> None:
     connection = open_blocking(settings.amqp_url)
     try:
         channel = connection.channel()
@@ -118,7 +119,8 @@ def test_stats_shows_depths_books_alerts_and_dead_letters(settings: Settings, wo
     declare(settings, echo=lambda _: None)
     for i in range(3):
         publish(settings, TRADE_DATA, json.dumps({"id": f"r{i}", "#shares": 10, "client": "c", "stock": "s"}).encode())
-    publish(settings, DEAD_LETTER, b"not json at all", headers={REASON_HEADER: "unreadable: not JSON"}, message_id="dl-1")
+    publish(settings, DEAD_LETTER, b"not json at all", headers={REASON_HEADER: "unreadable: not JSON"},
+            message_id="dl-1")
     alert = {"alert_id": "over_purchase:7", "kind": "over_purchase", "order_id": "7", "client": "acme",
              "stock": "XYZ", "requested_shares": 100, "purchased_shares": 150, "purchase_ids": ["8", "9"],
              "detected_at": "2026-01-01T00:00:00Z"}

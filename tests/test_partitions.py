@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 import zlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from aldebaran.apps import load_rule
 from aldebaran.apps.trade_limits import rule
@@ -19,7 +21,7 @@ from aldebaran.trades.codec import MSGPACK, encode_msgpack
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TTL = 600.0  # no book closes before the last handover is taken: the verdicts are a single engine's
 
 

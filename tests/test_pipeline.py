@@ -11,8 +11,7 @@ import redis
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import generate
 from tests.support import services
-from tests.support.pipeline import (TAP, Pipeline, alert_counts, alerts_before_barrier, collect_alerts, running,
-                                    worker)
+from tests.support.pipeline import TAP, Pipeline, alert_counts, alerts_before_barrier, collect_alerts, running, worker
 from tests.support.waiting import wait_until
 
 DOC = [
@@ -94,7 +93,8 @@ def test_sigkill_mid_stream_then_restart_loses_and_duplicates_nothing(broker, wo
         alerts = collect_alerts(broker, expected=len(stream.expected), timeout=120, settle=10)
         log = first.log() + second.log()
     counts = alert_counts(alerts)
-    assert set(counts) == stream.expected, (sorted(stream.expected - set(counts))[:5], sorted(set(counts) - stream.expected)[:5])
+    assert set(counts) == stream.expected, (sorted(stream.expected - set(counts))[:5],
+                                            sorted(set(counts) - stream.expected)[:5])
     # The only repeat the internal alert bus may carry is the outbox's documented
     # re-publish of a pending alert after a crash; recipients dedup it by alert_id.
     repeated = {alert_id for alert_id, n in counts.items() if n > 1}

@@ -8,7 +8,7 @@ and everything around it goes on; the log says so once per kind, with a count.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -25,7 +25,7 @@ from tests.support.explodes_app import rule as explodes
 from tests.support.pipeline import alert_counts, collect_alerts, running
 from tests.test_channels import free_port
 
-NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 APPS = '["trade_limits", "tests.support.explodes_app"]'
 
 
@@ -40,7 +40,8 @@ def _msg(*events: TradeEvent) -> WalMessage:
 
 def test_a_rule_error_rejects_its_message_and_the_rest_goes_on() -> None:
     engine = _engine()
-    poisoned = _msg(PurchaseRequest("m", 10, "c", "s"), Purchase("b1", "m", 6, "boom", "s"), Purchase("b2", "m", 5, "c", "s"))
+    poisoned = _msg(PurchaseRequest("m", 10, "c", "s"), Purchase("b1", "m", 6, "boom", "s"),
+                    Purchase("b2", "m", 5, "c", "s"))
     plain = _msg(PurchaseRequest("p", 1, "c", "s"), Purchase("p1", "p", 2, "c", "s"))
     cycle = engine.cycle([poisoned, plain, _msg(Purchase("boom-at-close", "z", 1, "c", "s"))], 1_000, NOW)
     assert sorted(a.alert_id for a in cycle.alerts) == ["over_purchase:m", "over_purchase:p"]
@@ -51,7 +52,8 @@ def test_a_rule_error_rejects_its_message_and_the_rest_goes_on() -> None:
     assert engine.books.books["explodes"]["m"].state == ["b2"]  # its neighbour counted
     closing = engine.cycle([], 3_500, NOW)  # the books close: explodes raises on "z", the others close
     assert [a.alert_id for a in closing.alerts] == ["purchase_without_request:z"]
-    assert [(f.app, f.key, f.error) for f in closing.close_failures] == [("explodes", "z", "RuntimeError: boom at close")]
+    assert ([(f.app, f.key, f.error) for f in closing.close_failures]
+            == [("explodes", "z", "RuntimeError: boom at close")])
     assert engine.open_books == 0
     # Replay of the logged cycle: the same error again, swallowed, the same books.
     rebuilt = _engine()
@@ -74,12 +76,14 @@ def test_alert_ids_are_bounded_for_every_transport() -> None:
     rule = load_rule("client_daily_limit", {"max_shares": 1})
     day = rule.new_state(f"2026-01-01:{long_client}")
     [alert] = rule.apply(day, Purchase("p", "o", 2, long_client, "s"), NOW)
-    assert len(alert.alert_id.encode()) <= MAX_ALERT_ID_BYTES and alert.alert_id.startswith("client_daily_limit:\U0001F600")
+    assert (len(alert.alert_id.encode()) <= MAX_ALERT_ID_BYTES
+            and alert.alert_id.startswith("client_daily_limit:\U0001F600"))
     assert alert.fields["client"] == long_client  # the body keeps the whole label
     assert bounded_alert_id(f"client_daily_limit:{long_client}:2026-01-01") == alert.alert_id  # deterministic
     assert bounded_alert_id(f"client_daily_limit:{long_client}:2026-01-02") != alert.alert_id
     for short in ("over_purchase:1", "purchase_without_request:" + "\U0001F4A5" * 50, "é" * 127):
-        assert bounded_alert_id(short) == short and Alert(alert_id=short, kind="k", key="k", detected_at="t").alert_id == short
+        assert (bounded_alert_id(short) == short
+                and Alert(alert_id=short, kind="k", key="k", detected_at="t").alert_id == short)
     assert len(bounded_alert_id("x" * 256).encode()) <= MAX_ALERT_ID_BYTES
     assert bounded_alert_id("a\ud800").isascii()  # not UTF-8 encodable: shortened to a form that is
 
@@ -91,7 +95,8 @@ def test_a_rule_that_raises_stalls_nothing(mode, broker, worker_env, tmp_path) -
     port = free_port()
     with running(env, tmp_path / "up.log", "--metrics-port", str(port)) as pipeline:
         for n in range(5):
-            broker.publish([PurchaseRequest(f"mixed-{n}", 10, "c", "s"), Purchase(f"b{n}", f"mixed-{n}", 6, "boom", "s"),
+            broker.publish([PurchaseRequest(f"mixed-{n}", 10, "c", "s"),
+                            Purchase(f"b{n}", f"mixed-{n}", 6, "boom", "s"),
                             Purchase(f"ok{n}", f"mixed-{n}", 5, "c", "s")], batch=3)
             broker.publish([PurchaseRequest(f"plain-{n}", 10, "c", "s"), Purchase(f"p{n}", f"plain-{n}", 11, "c", "s")],
                            batch=2)

@@ -124,8 +124,8 @@ def test_an_older_publishers_millisecond_stamp_still_reads() -> None:
 def test_a_message_that_fails_while_later_ones_go_out_fails_the_publish(settings, monkeypatch) -> None:
     """A send's failure is the publisher's failure even when its task ends before the last
     message: it used to end with its task, and the publish returned as if all were confirmed."""
-    from declare.declarer import declare
     from aldebaran.io import publisher
+    from declare.declarer import declare
 
     assert declare(settings, echo=lambda _: None) > 0
     bodies = [Body(encode_json([PurchaseRequest(f"early-{i}", 1, "c", "s")]), 1) for i in range(4)]

@@ -9,16 +9,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 import httpx
 import pytest
 import uvicorn
 
-from aldebaran.api.dashboard import create_app
 from aldebaran.api.command import check_exposure, is_loopback
+from aldebaran.api.dashboard import create_app
 from aldebaran.errors import ConfigError
 from aldebaran.settings import Settings
 from tests.support.waiting import eventually

@@ -45,7 +45,8 @@ def _bodies(draw: st.DrawFn) -> bytes:
         return json.dumps(draw(_objects)).encode()
     if shape == "junk":
         return draw(st.binary(max_size=30))
-    text = json.dumps(draw(st.lists(_elements, max_size=6)), separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    text = json.dumps(draw(st.lists(_elements, max_size=6)),
+                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
     body = (" " * draw(st.integers(0, 2)) + text).encode()
     return body[:draw(st.integers(0, len(body)))] if shape == "cut" else body
 

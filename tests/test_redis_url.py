@@ -7,8 +7,15 @@ from __future__ import annotations
 import pytest
 
 from aldebaran.errors import ConfigError
-from aldebaran.io.redis import (DiscoveringConnection, DiscoveringSSLConnection, HiredisPacking, Replicas, client,
-                                describe, sync_client)
+from aldebaran.io.redis import (
+    DiscoveringConnection,
+    DiscoveringSSLConnection,
+    HiredisPacking,
+    Replicas,
+    client,
+    describe,
+    sync_client,
+)
 from aldebaran.redis_url import SentinelTarget, is_sentinel_url, parse_sentinel_url
 from aldebaran.settings import load_settings, mask_url
 
@@ -109,6 +116,7 @@ async def test_every_client_of_a_sentinel_url_finds_the_master_through_the_senti
     blocking = sync_client(URL, timeout=1)
     try:
         assert blocking.connection_pool.service_name == "mymaster"
-        assert [c.connection_pool.connection_kwargs["port"] for c in blocking.discovery.sentinels] == [26380, 26379, 5000]
+        assert ([c.connection_pool.connection_kwargs["port"] for c in blocking.discovery.sentinels]
+                == [26380, 26379, 5000])
     finally:
         blocking.close()

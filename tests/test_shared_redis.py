@@ -7,7 +7,7 @@ orders only (issue 19, row 2).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -54,11 +54,13 @@ def test_two_vhosts_on_one_redis_with_overlapping_order_ids(mode, two_deployment
     with running(env_a, tmp_path / "a.log"), running(env_b, tmp_path / "b.log"):
         for n in range(10):
             order = f"100{n}"
-            broker_a.publish([PurchaseRequest(order, 10, "client-a", "s"), Purchase(f"pa{n}", order, 11, "client-a", "s")])
+            broker_a.publish([PurchaseRequest(order, 10, "client-a", "s"),
+                              Purchase(f"pa{n}", order, 11, "client-a", "s")])
         alerts_a = collect_alerts(broker_a, expected=10, timeout=60)
         for n in range(10):  # the same ids, after A closed its books: B must not see them as late
             order = f"100{n}"
-            broker_b.publish([PurchaseRequest(order, 10, "client-b", "s"), Purchase(f"pb{n}", order, 12, "client-b", "s")])
+            broker_b.publish([PurchaseRequest(order, 10, "client-b", "s"),
+                              Purchase(f"pb{n}", order, 12, "client-b", "s")])
         broker_b.publish([Purchase("orphan-b", "only-b", 1, "client-b", "s")])
         alerts_b = collect_alerts(broker_b, expected=11, timeout=60, settle=2)
     assert alert_counts(alerts_a) == {f"over_purchase:100{n}": 1 for n in range(10)}

@@ -89,7 +89,7 @@ def test_verify_catches_a_misspelt_key(tmp_path: Path) -> None:
     copies = _copy_units(tmp_path)
     broken = tmp_path / "aldebaran-aggregator@.service"
     broken.write_text(broken.read_text().replace("RestartPreventExitStatus=", "RestartPreventExitStatuss="))
-    code, output = _verify(copies)
+    _code, output = _verify(copies)
     assert "RestartPreventExitStatuss" in output
 
 
@@ -129,7 +129,8 @@ def test_exec_start_is_a_valid_aldebaran_command(name: str) -> None:
     assert int(ExitCode.CONFIG) == 78  # what RestartPreventExitStatus= names
     argv = shlex.split(_unit(name)["Service"]["ExecStart"])
     assert argv[0] == INSTALLED_BIN
-    instance = "9101" if name.startswith(("aldebaran-engine", "aldebaran-aggregator", "aldebaran-books")) else "ops-webhook"
+    instance = ("9101" if name.startswith(("aldebaran-engine", "aldebaran-aggregator", "aldebaran-books"))
+                else "ops-webhook")
     args = [a.replace("%i", instance) for a in argv[1:]]
     parsed = build_parser().parse_args(args)
     assert parsed.command == args[0]

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import json
 import os
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pika
 import pika.exceptions
@@ -125,7 +126,7 @@ class Monitor(threading.Thread):
 
         def at(t: float) -> tuple[float, int, float, int]:
             return min(self.samples, key=lambda s: abs(s[0] - t))
-        for a, b in zip(edges, edges[1:]):
+        for a, b in itertools.pairwise(edges):
             sa, sb = at(a), at(b)
             label = " ".join(name for name, t in marks.items() if a <= t < b)
             rows.append(f"{a - origin:8.1f} {(sb[1] - sa[1]) / step:9.0f} {(sb[2] - sa[2]) / step:8.0f} "
@@ -219,7 +220,8 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redi
     leaders = cluster.queue_leaders()
     busiest = leaders["Aldebaran.Trade_Data"][0]
     victim = cluster.node_by_name(busiest)
-    print(f"queue leaders: { {q: l for q, (l, _) in leaders.items()} }; stopping {victim.name} (node {victim.index})")
+    print(f"queue leaders: { {q: leader for q, (leader, _) in leaders.items()} }; "
+          f"stopping {victim.name} (node {victim.index})")
 
     with running(env, tmp_path / "up.log") as pipeline:
         publisher = HeldStream(settings, bodies, RATE)
@@ -255,16 +257,17 @@ def test_stop_the_leader_node_mid_stream(cluster, recipient: WebhookServer, redi
     # Recovery: the longest stretch without a publisher confirm after the stop began,
     # and when the sink got its first alert after the stop.
     after = [t for t, _ in publisher.timeline if t >= stop_started]
-    confirm_gap = max((b - a for a, b in zip([stop_started, *after], after)), default=float("nan"))
+    confirm_gap = max((b - a for a, b in zip([stop_started, *after], after, strict=False)), default=float("nan"))
     arrivals = sorted(t for t, _ in recipient.timeline() if t >= stop_started)
-    alert_gap = max((b - a for a, b in zip([stop_started, *arrivals], arrivals)), default=float("nan"))
+    alert_gap = max((b - a for a, b in zip([stop_started, *arrivals], arrivals, strict=False)), default=float("nan"))
     assert publisher.report is not None
     print(f"\n{len(stream.events)} events, {stream.orders} orders, {len(stream.expected)} expected alerts; "
           f"stopped {victim.name} at {confirmed_at_stop} events confirmed")
     print(f"node stop took {stop_done - stop_started:.1f}s, down {restart_started - stop_done:.1f}s, "
           f"restart took {back - restart_started:.1f}s")
     print(f"publisher: {publisher.report.events} events confirmed in {publisher.report.elapsed:.1f}s, "
-          f"{publisher.report.failovers} failovers, {publisher.report.resends} re-sends, {publisher.report.nacks} nacks")
+          f"{publisher.report.failovers} failovers, {publisher.report.resends} re-sends, "
+          f"{publisher.report.nacks} nacks")
     print(f"recovery: longest gap without a publisher confirm after the stop began {confirm_gap:.1f}s; "
           f"longest gap without an alert at the sink {alert_gap:.1f}s; every expected alert in "
           f"{all_in - 3 - stream_done:.1f}s after the last confirm")

@@ -8,6 +8,7 @@ local HTTP server behind a `webhook` channel and the Redis pull queue behind a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,10 +16,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import msgspec
 import pika
@@ -54,7 +55,7 @@ class WebhookServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 at = time.monotonic()
                 with owner.lock:
@@ -141,8 +142,8 @@ class Fleet:
         path = self.log_path(kind)
         before = path.read_text(errors="replace").count('"event": "ready"') if path.exists() else 0
         self._ready_before[kind] = before
-        out = open(path, "ab")
-        process = subprocess.Popen(self.command(kind), env=self.env, stdout=out, stderr=out)
+        with open(path, "ab") as out:  # the child keeps its own copy of the descriptor
+            process = subprocess.Popen(self.command(kind), env=self.env, stdout=out, stderr=out)
         self.processes[kind] = process
         self.starts[kind] = self.starts.get(kind, 0) + 1
         if wait:
@@ -161,7 +162,7 @@ class Fleet:
 
         wait_until(ready, lambda: f"{kind} to be ready:\n{self.tail(kind)}", timeout)
 
-    def start_all(self) -> "Fleet":
+    def start_all(self) -> Fleet:
         for kind in self.kinds:
             self.start(kind, wait=False)
         for kind in self.kinds:
@@ -324,12 +325,12 @@ class PrivateRedis:
     def _client(self, timeout: float) -> redis.Redis:
         return redis.Redis(port=self.port, password=self.password, socket_timeout=timeout)
 
-    def start(self, timeout: float = 30) -> "PrivateRedis":
-        out = open(self.root / "redis.log", "ab")
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--appendonly", "yes",
-             "--appendfsync", "everysec", "--dir", str(self.root), "--save", "",
-             *(["--requirepass", self.password] if self.password else [])], stdout=out, stderr=out)
+    def start(self, timeout: float = 30) -> PrivateRedis:
+        with open(self.root / "redis.log", "ab") as out:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--appendonly", "yes",
+                 "--appendfsync", "everysec", "--dir", str(self.root), "--save", "",
+                 *(["--requirepass", self.password] if self.password else [])], stdout=out, stderr=out)
         process = self.process
 
         def up() -> bool:
@@ -344,10 +345,8 @@ class PrivateRedis:
         """SHUTDOWN (flushes the AOF), as a service restart does."""
         if self.process is None:
             return
-        try:
+        with contextlib.suppress(redis.exceptions.RedisError):
             self._client(5).shutdown()
-        except redis.exceptions.RedisError:
-            pass
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import redis
 
@@ -68,8 +69,8 @@ class SentinelGroup:
 
     def _spawn(self, node: Node, args: list[str]) -> None:
         node.root.mkdir(parents=True, exist_ok=True)
-        out = open(node.root / "redis.log", "ab")
-        node.process = subprocess.Popen(["redis-server", *args], stdout=out, stderr=out, cwd=node.root)
+        with open(node.root / "redis.log", "ab") as out:  # the child keeps its own copy of the descriptor
+            node.process = subprocess.Popen(["redis-server", *args], stdout=out, stderr=out, cwd=node.root)
 
     def start_node(self, node: Node, replica_of: int | None = None) -> None:
         args = ["--port", str(node.port), "--bind", "127.0.0.1", "--dir", str(node.root), "--save", "",
@@ -80,7 +81,7 @@ class SentinelGroup:
         self._spawn(node, args)
         wait_for(f"redis {node.port} up", lambda: node.client().ping(), 30)
 
-    def start(self, timeout: float = 30) -> "SentinelGroup":
+    def start(self, timeout: float = 30) -> SentinelGroup:
         master = self.nodes[0]
         self.start_node(master)
         for node in self.nodes[1:]:
@@ -108,7 +109,7 @@ class SentinelGroup:
 
     def master_port(self, sentinel: Node | None = None) -> int:
         """The master as a sentinel reports it."""
-        host, port = (sentinel or self.sentinels[0]).client().sentinel_get_master_addr_by_name(SERVICE)
+        _host, port = (sentinel or self.sentinels[0]).client().sentinel_get_master_addr_by_name(SERVICE)
         return int(port)
 
     def node(self, port: int) -> Node:

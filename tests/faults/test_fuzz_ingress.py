@@ -20,7 +20,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from tests.faults.fleet import FULL, TEST_TIMEOUT, Fleet, RetryingPublisher
 from tests.support import services
@@ -127,7 +129,7 @@ def build(case: dict, n: int, exp: Expectation) -> bytes:
         return whole[:int(len(whole) * case["cut"])]
     if case["shape"] == "oversized":
         padding = "x" * (MAX_BYTES + int(case["cut"] * 4096))
-        return json.dumps(valid + [{"padding": padding}]).encode()
+        return json.dumps([*valid, {"padding": padding}]).encode()
     if case["shape"] == "non_utf8":
         return whole[:20] + b"\xff\xfe" + case["noise"] + whole[20:]
     if case["shape"] == "deep_list":

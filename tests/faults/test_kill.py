@@ -27,8 +27,17 @@ import pytest
 
 from tests.faults import traces as tr
 from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
-from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fleet, RetryingPublisher, describe, in_doubt_ids,
-                                pull_queue_deliveries, wait_for_sinks)
+from tests.faults.fleet import (
+    FULL,
+    ORDERS,
+    TEST_TIMEOUT,
+    Fleet,
+    RetryingPublisher,
+    describe,
+    in_doubt_ids,
+    pull_queue_deliveries,
+    wait_for_sinks,
+)
 from tests.support.checker import fault_stream
 from tests.support.tracing import wait_traced
 from tests.support.waiting import wait_until
@@ -202,7 +211,7 @@ def check_traces(kind: str, traces: Path, events, expected: set[str], killed_at:
 
 
 def check_audit(kind: str, info: dict, code: int, expected: set[str], judged: set[str], killed_at: list[int],
-                spark, out: Path) -> int:  # noqa: ANN001 - a SparkSession
+                spark, out: Path) -> int:
     """The audit's verdicts against the offline checker; returns how many alerts it judged ok."""
     counts = info["counts"]
     findings = {k: counts[k] for k in ("missed", "duplicate", "spurious", "channel_missed",

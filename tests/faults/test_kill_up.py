@@ -22,8 +22,15 @@ import pytest
 
 from aldebaran.trades.generator import generate
 from tests.faults.conftest import redis_url
-from tests.faults.fleet import (FULL, TEST_TIMEOUT, RetryingPublisher, describe, in_doubt_ids, pull_queue_deliveries,
-                                wait_for_sinks)
+from tests.faults.fleet import (
+    FULL,
+    TEST_TIMEOUT,
+    RetryingPublisher,
+    describe,
+    in_doubt_ids,
+    pull_queue_deliveries,
+    wait_for_sinks,
+)
 from tests.support.checker import check
 from tests.support.pipeline import Broker, alert_counts, collect_alerts, declare
 from tests.support.waiting import wait_until

@@ -13,12 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
-from tests.faults.fleet import (FULL, ORDERS, TEST_TIMEOUT, Fault, Fleet, PrivateRedis, RetryingPublisher, describe,
-                                in_background, in_doubt_ids, pull_queue_deliveries, raise_fault_errors,
-                                wait_for_sinks)
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from aldebaran.trades.generator import expected_alerts
+from tests.faults.conftest import BOOK_TTL_SECONDS, redis_url
+from tests.faults.fleet import (
+    FULL,
+    ORDERS,
+    TEST_TIMEOUT,
+    Fault,
+    Fleet,
+    PrivateRedis,
+    RetryingPublisher,
+    describe,
+    in_background,
+    in_doubt_ids,
+    pull_queue_deliveries,
+    raise_fault_errors,
+    wait_for_sinks,
+)
 from tests.support.checker import fault_stream
 from tests.support.private_rabbit import PrivateRabbit
 from tests.support.tcp_proxy import TcpProxy

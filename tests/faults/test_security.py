@@ -10,11 +10,17 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import pytest
 
-from tests.faults.fleet import (TEST_TIMEOUT, Fleet, PrivateRedis, RetryingPublisher, describe, pull_queue_deliveries,
-                                wait_for_sinks)
+from tests.faults.fleet import (
+    TEST_TIMEOUT,
+    Fleet,
+    PrivateRedis,
+    RetryingPublisher,
+    describe,
+    pull_queue_deliveries,
+    wait_for_sinks,
+)
 from tests.support import services
 from tests.support.checker import fault_stream
 from tests.support.tcp_proxy import TcpProxy

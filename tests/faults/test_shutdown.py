@@ -14,8 +14,17 @@ import pytest
 
 from aldebaran.errors import ExitCode
 from tests.faults.conftest import redis_url
-from tests.faults.fleet import (ORDERS, TEST_TIMEOUT, Fleet, RetryingPublisher, WebhookServer, channels_toml,
-                                describe, pull_queue_deliveries, wait_for_sinks)
+from tests.faults.fleet import (
+    ORDERS,
+    TEST_TIMEOUT,
+    Fleet,
+    RetryingPublisher,
+    WebhookServer,
+    channels_toml,
+    describe,
+    pull_queue_deliveries,
+    wait_for_sinks,
+)
 from tests.support.checker import fault_stream
 from tests.support.waiting import wait_until
 

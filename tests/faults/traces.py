@@ -13,9 +13,10 @@ import gzip
 import json
 import zlib
 from collections import Counter
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from aldebaran.io.trace_files import complete_length
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from aldebaran.trades.generator import CLIENTS, STOCKS, Stream, disorder

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import msgspec
 import pika
@@ -32,11 +32,11 @@ class Pipeline:
         self.args = args if tracer else ("--no-tracer", *args)
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_ready: float = 60) -> "Pipeline":
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "aldebaran.cli", "up", *self.args],
-            env=self.env, stdout=log, stderr=log)
+    def start(self, wait_ready: float = 60) -> Pipeline:
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "aldebaran.cli", "up", *self.args],
+                env=self.env, stdout=log, stderr=log)
         process = self.process
 
         def ready() -> bool:

@@ -17,9 +17,9 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from tests.support.waiting import wait_until
 
@@ -128,11 +128,11 @@ class PrivateRabbit:
         return subprocess.run([str(RABBIT_BIN / "rabbitmqctl"), "-n", self.name, *args], env=self.env(),
                               capture_output=True, text=True, timeout=timeout)
 
-    def start(self, timeout: float = 90) -> "PrivateRabbit":
+    def start(self, timeout: float = 90) -> PrivateRabbit:
         (self.root / "advanced.config").write_text("[].\n")
-        log = open(self.root / "server.out", "ab")
-        self.process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(),
-                                        stdout=log, stderr=log, cwd=self.root, start_new_session=True)
+        with open(self.root / "server.out", "ab") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(),
+                                            stdout=log, stderr=log, cwd=self.root, start_new_session=True)
         process, deadline = self.process, time.monotonic() + timeout
 
         def up() -> bool:

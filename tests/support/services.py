@@ -58,7 +58,6 @@ def create_vhost(prefix: str = "test") -> Vhost:
         user = urlsplit(AMQP_URL).username or "guest"
         http.put(f"/api/permissions/{quote(name, safe='')}/{user}",
                  json={"configure": ".*", "write": ".*", "read": ".*"}).raise_for_status()
-    parts = urlsplit(MANAGEMENT_URL)
     return Vhost(name=name, amqp_url=vhost_url(name), management_url=MANAGEMENT_URL)
 
 
@@ -72,14 +71,14 @@ def check_services() -> None:
     try:
         with _management() as http:
             http.get("/api/overview").raise_for_status()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise RuntimeError(
             f"RabbitMQ management API not reachable at {MANAGEMENT_URL.split('@')[-1]} ({exc}); "
             "run `make setup` (it starts RabbitMQ and enables rabbitmq_management)"
         ) from exc
     try:
         redis.Redis.from_url(REDIS_URL, socket_timeout=5).ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise RuntimeError(f"Redis not reachable at {REDIS_URL} ({exc}); run `make setup`") from exc
 
 

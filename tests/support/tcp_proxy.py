@@ -13,8 +13,8 @@ import asyncio
 import ssl as ssl_module
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class TcpProxy:
@@ -33,7 +33,7 @@ class TcpProxy:
         self._server: asyncio.base_events.Server | None = None
 
     # -- life -------------------------------------------------------------------------
-    def start(self) -> "TcpProxy":
+    def start(self) -> TcpProxy:
         self._thread.start()
         self._server = self._call(asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self.ssl))
         self.port = self._server.sockets[0].getsockname()[1]
@@ -46,7 +46,7 @@ class TcpProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
-    def _call(self, coro):  # noqa: ANN001, ANN202
+    def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     # -- faults -----------------------------------------------------------------------
@@ -137,7 +137,7 @@ class TcpProxy:
 
 
 @contextmanager
-def tcp_proxy(upstream_port: int, upstream_host: str = "127.0.0.1", **options) -> Iterator[TcpProxy]:  # noqa: ANN003
+def tcp_proxy(upstream_port: int, upstream_host: str = "127.0.0.1", **options) -> Iterator[TcpProxy]:
     proxy = TcpProxy(upstream_port, upstream_host, **options).start()
     try:
         yield proxy
