@@ -227,7 +227,7 @@ def test_another_aiormqs_reader_is_kept_and_said_so(monkeypatch: pytest.MonkeyPa
 
 @pytest.fixture
 async def connection(vhost: services.Vhost) -> AsyncIterator[aiormq.abc.AbstractConnection]:
-    frame_reader.install()
+    assert frame_reader.install()  # these connections read their frames here, not through aiormq's reader
     connection = await aiormq.connect(vhost.amqp_url)
     yield connection
     await connection.close()

@@ -173,9 +173,10 @@ def install() -> bool:
     plain = receiver.get_frame
     if getattr(plain, "_aldebaran_lean", False):
         return True
-    if source_digest(plain) != _REPLACES:
+    digest = source_digest(plain)
+    if digest != _REPLACES:
         log.warning("aiormq's frame reader is not the one frame_reader replaces; kept aiormq's",
-                    digest=source_digest(plain), expected=_REPLACES)
+                    digest=digest, expected=_REPLACES)
         return False
 
     @functools.wraps(plain)
