@@ -12,7 +12,6 @@ No browser is downloaded: Chromium comes from the distribution.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support.pipeline import Broker, declare, running
+from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.browser
@@ -57,12 +57,6 @@ STREAM = [
     b"id:3\ninitial order id: 1\n# shares: 30\nclient: Sendence\nstock: AAPL",
 ]
 UNREADABLE = b"id:9\n# shares: lots\nclient: Sendence\nstock: AAPL"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_serving(base: str, api: subprocess.Popen[bytes], log_path: Path) -> None:

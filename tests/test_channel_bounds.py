@@ -20,7 +20,8 @@ from aiosmtpd.controller import Controller
 from aldebaran.channels import http_client as http
 from aldebaran.channels.base import NotDelivered
 from aldebaran.settings import WebhookChannel
-from tests.test_channels import SmtpRecorder, deliver_one, free_port, http_peer, make_alert, with_channels
+from tests.support.processes import free_port
+from tests.test_channels import SmtpRecorder, deliver_one, http_peer, make_alert, with_channels
 
 HOSTILE_ORDER = "é\r\nBcc: x@evil\x00&('\U0001F600"
 

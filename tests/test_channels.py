@@ -35,6 +35,7 @@ from aldebaran.settings import Settings
 from declare.declarer import declare
 from declare.topology import ALERT, REASON_HEADER, channel_dead_letter, channel_queue
 from tests.support import services
+from tests.support.processes import free_port
 from tests.support.waiting import eventually
 from workers.channel import ChannelWorker
 from workers.runtime import Lifecycle, Worker
@@ -155,12 +156,6 @@ class SmtpRecorder:
     async def handle_DATA(self, server, session, envelope):
         self.envelopes.append(envelope)
         return "250 OK"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def with_channels(settings: Settings, *channels: dict[str, Any]) -> Settings:

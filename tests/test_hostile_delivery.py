@@ -26,8 +26,9 @@ from aldebaran.channels.email import message_id
 from aldebaran.trades.events import Purchase, PurchaseRequest
 from declare.topology import DEAD_LETTER
 from tests.support.pipeline import alert_counts, collect_alerts, running
+from tests.support.processes import free_port
 from tests.support.waiting import quiet_window, wait_until
-from tests.test_channels import SmtpRecorder, free_port
+from tests.test_channels import SmtpRecorder
 
 HOSTILE = ["é", "a\r\nb", "nul\x00id", "&", "(", "'", "Bcc: x@evil\r\n", "\U0001F600" * 50, "<b>\"x\"</b>"]
 

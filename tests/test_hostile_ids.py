@@ -151,7 +151,7 @@ def test_many_rejects_in_one_message_become_one_summary() -> None:
 def test_a_conflicting_duplicate_is_counted_and_logged_once(mode, broker, worker_env, tmp_path) -> None:
     import httpx
 
-    from tests.test_channels import free_port
+    from tests.support.processes import free_port
 
     port = free_port()
     env = dict(worker_env, ALDEBARAN_MODE=mode)

@@ -13,11 +13,11 @@ from aldebaran.settings import Settings
 from declare.declarer import declare
 from declare.topology import ALERT, DEAD_LETTER, REASON_HEADER, channel_queue
 from tests.support import services
+from tests.support.processes import free_port
 from tests.support.waiting import eventually
 from tests.test_channels import (
     SmtpRecorder,
     delivered_key_exists,
-    free_port,
     get_all,
     http_peer,
     make_alert,

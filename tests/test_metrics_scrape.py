@@ -27,16 +27,11 @@ from aldebaran import metrics
 from aldebaran.settings import Settings
 from declare.declarer import open_blocking
 from declare.topology import DEAD_LETTER, REASON_HEADER, TRADE_DATA
+from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ALDEBARAN = str(Path(sys.executable).with_name("aldebaran"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:

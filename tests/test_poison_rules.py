@@ -23,7 +23,7 @@ from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
 from declare.topology import DEAD_LETTER
 from tests.support.explodes_app import rule as explodes
 from tests.support.pipeline import alert_counts, collect_alerts, running
-from tests.test_channels import free_port
+from tests.support.processes import free_port
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 APPS = '["trade_limits", "tests.support.explodes_app"]'

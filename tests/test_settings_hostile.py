@@ -64,7 +64,7 @@ def test_up_never_prints_a_password_from_the_redis_url(worker_env) -> None:
     import subprocess
     import sys
 
-    from tests.test_channels import free_port
+    from tests.support.processes import free_port
 
     env = dict(worker_env, ALDEBARAN_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0?password=hunter2&db=0",
                ALDEBARAN_LOG_LEVEL="debug")

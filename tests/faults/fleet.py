@@ -30,6 +30,7 @@ from aldebaran.io.redis import sync_client
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import TradeEvent
 from tests.support.checker import SinkReport, check
+from tests.support.processes import free_port, spawn_logged
 from tests.support.scale import FULL
 from tests.support.waiting import quiet_window, wait_until
 
@@ -142,8 +143,7 @@ class Fleet:
         path = self.log_path(kind)
         before = path.read_text(errors="replace").count('"event": "ready"') if path.exists() else 0
         self._ready_before[kind] = before
-        with open(path, "ab") as out:  # the child keeps its own copy of the descriptor
-            process = subprocess.Popen(self.command(kind), env=self.env, stdout=out, stderr=out)
+        process = spawn_logged(self.command(kind), path, env=self.env)
         self.processes[kind] = process
         self.starts[kind] = self.starts.get(kind, 0) + 1
         if wait:
@@ -308,8 +308,6 @@ class PrivateRedis:
     """A throwaway redis-server on a free port with AOF on (as deploy/redis/redis.conf)."""
 
     def __init__(self, root: Path, password: str | None = None) -> None:
-        from tests.support.private_rabbit import free_port
-
         self.password = password
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
@@ -326,11 +324,10 @@ class PrivateRedis:
         return redis.Redis(port=self.port, password=self.password, socket_timeout=timeout)
 
     def start(self, timeout: float = 30) -> PrivateRedis:
-        with open(self.root / "redis.log", "ab") as out:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--appendonly", "yes",
-                 "--appendfsync", "everysec", "--dir", str(self.root), "--save", "",
-                 *(["--requirepass", self.password] if self.password else [])], stdout=out, stderr=out)
+        self.process = spawn_logged(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--appendonly", "yes",
+             "--appendfsync", "everysec", "--dir", str(self.root), "--save", "",
+             *(["--requirepass", self.password] if self.password else [])], self.root / "redis.log")
         process = self.process
 
         def up() -> bool:

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import redis
 
-from tests.support.private_rabbit import free_port
+from tests.support.processes import free_port, spawn_logged
 from tests.support.waiting import wait_until
 
 SERVICE = "aldebaran"
@@ -69,8 +69,7 @@ class SentinelGroup:
 
     def _spawn(self, node: Node, args: list[str]) -> None:
         node.root.mkdir(parents=True, exist_ok=True)
-        with open(node.root / "redis.log", "ab") as out:  # the child keeps its own copy of the descriptor
-            node.process = subprocess.Popen(["redis-server", *args], stdout=out, stderr=out, cwd=node.root)
+        node.process = spawn_logged(["redis-server", *args], node.root / "redis.log", cwd=node.root)
 
     def start_node(self, node: Node, replica_of: int | None = None) -> None:
         args = ["--port", str(node.port), "--bind", "127.0.0.1", "--dir", str(node.root), "--save", "",

@@ -18,6 +18,7 @@ import pika.exceptions
 
 from aldebaran.trades.codec import encode_json
 from aldebaran.trades.events import Purchase, PurchaseRequest, TradeEvent
+from tests.support.processes import spawn_logged
 from tests.support.waiting import quiet_window, wait_until
 
 TAP = "test.alert-tap"
@@ -33,10 +34,8 @@ class Pipeline:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, wait_ready: float = 60) -> Pipeline:
-        with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "aldebaran.cli", "up", *self.args],
-                env=self.env, stdout=log, stderr=log)
+        self.process = spawn_logged([sys.executable, "-m", "aldebaran.cli", "up", *self.args], self.log_path,
+                                    env=self.env)
         process = self.process
 
         def ready() -> bool:
@@ -75,9 +74,7 @@ def running(env: dict[str, str], log_path: Path, *args: str) -> Iterator[Pipelin
 @contextmanager
 def worker(env: dict[str, str], log_path: Path, *args: str) -> Iterator[subprocess.Popen]:
     """One `aldebaran run <args>` process (a single worker of the fleet), stopped with SIGTERM."""
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "aldebaran.cli", "run", *args],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = spawn_logged([sys.executable, "-m", "aldebaran.cli", "run", *args], log_path, env=env)
     try:
         yield process
     finally:

@@ -10,7 +10,6 @@ survive, like a real broker restart) and is removed with its files at the end.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -21,45 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.processes import free_port, spawn_logged
 from tests.support.waiting import wait_until
 
 RABBIT_BIN = Path(os.environ.get("TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel hands to outgoing connections as their local port."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-_HANDED_OUT: set[int] = set()  # a port handed out is not handed out again while this process runs
-
-
-def free_port() -> int:
-    """A free port outside the kernel's ephemeral range, for a server that may restart.
-
-    While a private server is down its port is unbound, and a port of the ephemeral range can
-    then become the local port of any outgoing connection on the machine (the workers' own
-    reconnects to that very port included): the server could not listen on it again, and the
-    test would wait out its patience on "connection refused". Ports outside the range are never
-    handed out that way: the 12,000 below it, or those above it where the range starts too low.
-    """
-    low, high = _ephemeral_range()
-    band = (max(1024, low - 12000), low) if low - 1024 >= 2000 else (high + 1, 65536)
-    while True:
-        port = random.randrange(*band)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -130,9 +94,8 @@ class PrivateRabbit:
 
     def start(self, timeout: float = 90) -> PrivateRabbit:
         (self.root / "advanced.config").write_text("[].\n")
-        with open(self.root / "server.out", "ab") as log:  # the child keeps its own copy of the descriptor
-            self.process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(),
-                                            stdout=log, stderr=log, cwd=self.root, start_new_session=True)
+        self.process = spawn_logged([str(RABBIT_BIN / "rabbitmq-server")], self.root / "server.out", env=self.env(),
+                                    cwd=self.root, start_new_session=True)
         process, deadline = self.process, time.monotonic() + timeout
 
         def up() -> bool:
