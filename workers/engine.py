@@ -52,7 +52,6 @@ from aldebaran.metrics import (
     EVENTS_HANDED_OVER,
     RULE_ERRORS,
 )
-from aldebaran.runtime_tuning import tune_gc
 from aldebaran.settings import Settings
 from workers.engine_cycle import alert_payloads
 from workers.engine_session import Session
@@ -92,7 +91,6 @@ class EngineWorker:
                       self.config.done_max_markers, self.settings.max_message_bytes, partitioning)
 
     async def run(self, life: Lifecycle) -> None:
-        tune_gc()
         redis = await redis_io.connect(self.settings)
         lease_ms = int(self.config.lease_seconds * 1000)
         self.store = EngineStore(redis, self.keys, self.token, lease_ms, self.settings.alert_dedup_ttl_seconds,

@@ -21,7 +21,7 @@ from aldebaran.errors import AldebaranError, ExitCode
 from aldebaran.io import frame_reader
 from aldebaran.log import get_logger
 from aldebaran.metrics import serve as serve_metrics
-from aldebaran.runtime_tuning import run
+from aldebaran.runtime_tuning import run, tune_gc
 from aldebaran.settings import Settings, mask_url
 
 log = get_logger("runtime")
@@ -51,6 +51,7 @@ class Worker(Protocol):
 def run_workers(settings: Settings, workers: Sequence[Worker]) -> int:
     """Run workers until a signal or a crash; returns the process exit status."""
     frame_reader.install()
+    tune_gc()  # every worker's process: what is live by now (modules, settings) is never scanned again
     return run(_supervise(settings, list(workers)))
 
 
