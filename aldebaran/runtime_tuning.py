@@ -12,8 +12,8 @@ shows it on the book lines). The books hold no reference cycles worth chasing qu
 so collections are made rare rather than disabled. Every worker process is tuned so
 (`workers.runtime.run_workers`), not the engine alone: with the default thresholds the lookout
 and each channel deliverer, though their heaps are small (~80,000 objects), ran a full collection
-every ~16,000 alerts, ~35 ms of CPU each, and found ~1,200 objects of garbage in a whole
-alert-heavy run; the collector was ~8 % of their CPU (docs/benchmarks.md, "2026-12-07").
+every ~16,000 alerts, 35-49 ms of CPU each, and found ~1,200 objects of garbage in a whole
+alert-heavy run: 1.4-2.1 s of CPU per run among the three (docs/benchmarks.md, "2026-12-07").
 
 Rare is not free: each book's dict of counted events is tracked (it holds Structs), so a
 young collection at 100,000 events/s takes ~2 ms, and when it lands inside a cycle the
