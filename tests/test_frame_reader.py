@@ -23,7 +23,7 @@ from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 from structlog.testing import capture_logs
 
-from aldebaran.io import frame_reader
+from aldebaran.io import aiormq_sources, frame_reader
 from tests.support import services
 from tests.support.waiting import eventually
 
@@ -206,7 +206,7 @@ async def test_the_first_frame_is_aiormqs_the_rest_read_here_and_the_end_of_the_
 def test_install_knows_the_aiormq_it_replaces_and_replaces_it_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fails on an aiormq whose reader differs from the one read here: read its change first."""
     plain = _aiormqs_reader()
-    assert frame_reader.source_digest(plain) == frame_reader._REPLACES
+    assert aiormq_sources.source_digest(plain) == aiormq_sources.KNOWN["FrameReceiver.get_frame"]
     monkeypatch.setattr(aiormq.connection.FrameReceiver, "get_frame", plain)
     assert frame_reader.install()
     installed = aiormq.connection.FrameReceiver.get_frame
@@ -218,7 +218,8 @@ def test_install_knows_the_aiormq_it_replaces_and_replaces_it_once(monkeypatch: 
 def test_another_aiormqs_reader_is_kept_and_said_so(monkeypatch: pytest.MonkeyPatch) -> None:
     plain = _aiormqs_reader()
     monkeypatch.setattr(aiormq.connection.FrameReceiver, "get_frame", plain)
-    monkeypatch.setattr(frame_reader, "_REPLACES", "0" * 16)
+    monkeypatch.setitem(aiormq_sources.KNOWN, "FrameReceiver.get_frame", "0" * 16)
+    monkeypatch.setattr(aiormq_sources, "_warned", set())
     with capture_logs() as logs:
         assert not frame_reader.install()
     assert aiormq.connection.FrameReceiver.get_frame is plain

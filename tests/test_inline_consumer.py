@@ -9,6 +9,7 @@ import aiormq
 import aiormq.abc
 import pytest
 
+from aldebaran.io import aiormq_sources
 from aldebaran.io.inline_consumer import consume_inline
 from tests.support import services
 from tests.support.waiting import eventually
@@ -114,3 +115,29 @@ async def test_a_callback_that_raises_tells_its_owner_and_leaves_the_message_for
     message = await other.basic_get(queue, no_ack=True)
     assert (message.body, message.delivery.redelivered) == (b"poison?", True)
     await other.queue_delete(queue)
+
+
+async def test_on_an_aiormq_whose_delivery_handler_differs_the_consumer_is_a_plain_one(
+        connection: aiormq.abc.AbstractConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiormq's own way (a task per delivery), the callback and its error handler called alike."""
+    monkeypatch.setitem(aiormq_sources.KNOWN, "Channel._on_deliver_frame", "0" * 16)
+    channel = await connection.channel()
+    bodies = [f"m{i}".encode() for i in range(50)] + [b"poison?"]
+    queue = await _queue_of(channel, bodies)
+    got: list[bytes] = []
+    errors: list[BaseException] = []
+    tasks: set[asyncio.Task | None] = set()
+
+    def take(message: aiormq.abc.DeliveredMessage) -> None:
+        if message.body == b"poison?":
+            raise RuntimeError("a bug in filing")
+        got.append(message.body)
+        tasks.add(asyncio.current_task())
+
+    tag = await consume_inline(channel, queue, take, errors.append)
+    await eventually(lambda: errors, lambda: f"{len(got)} of {len(bodies) - 1} delivered, no error yet")
+    assert got == bodies[:-1]
+    assert [str(error) for error in errors] == ["a bug in filing"]
+    assert len(tasks) > 1  # each delivery in a task of aiormq's
+    assert not hasattr(channel, "_aldebaran_inline_consumers")  # the handler left as aiormq has it
+    assert tag in channel.consumers

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
+from aldebaran.io import aiormq_sources
 from aldebaran.io.publish_many import _confirm_prefix, header_frame, publish_many
 from tests.support import services
 
@@ -258,3 +259,22 @@ async def test_the_alert_properties_arrive_as_sent(channel: aiormq.abc.AbstractC
     assert got == [("over_purchase:1", "application/json", 2, None, 1), ("h", "text/plain", 1, {"k": "v"}, 0),
                    ("é" * 127 + "x", "application/json", 2, None, 70_000),
                    ("over_purchase:ü-2", "application/json", 2, None, 1)]
+
+
+@pytest.mark.parametrize("changed", ["Channel.basic_publish", "Channel._on_confirm_frame"])
+async def test_on_an_aiormq_whose_publish_differs_each_message_goes_by_basic_publish(
+        channel: aiormq.abc.AbstractChannel, monkeypatch: pytest.MonkeyPatch, changed: str) -> None:
+    """In order, each confirmed, returned or nacked on its own, as the shortcut answers; its
+    confirm handler is left as aiormq has it."""
+    monkeypatch.setitem(aiormq_sources.KNOWN, changed, "0" * 16)
+    await channel.queue_declare("q", durable=True)
+    bodies = [f"alert {i}".encode() for i in range(200)]
+    confirmations = await publish_many(channel, bodies, props(200), routing_key="q")
+    assert await confirmations.wait() == [None] * 200
+    assert await drain(channel, "q") == [(f"m-{i}", body) for i, body in enumerate(bodies)]
+    returned = await (await publish_many(channel, [b"x"] * 3, props(3), routing_key="nowhere")).wait()
+    assert all(isinstance(r, PublishError) for r in returned)
+    await channel.queue_declare("small", durable=True, arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
+    outcomes = await (await publish_many(channel, [b"y"] * 4, props(4), routing_key="small")).wait()
+    assert [type(c) for c in outcomes] == [type(None)] * 2 + [DeliveryError] * 2
+    assert not getattr(channel, "_confirm_prefix", False)

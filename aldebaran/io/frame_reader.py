@@ -14,16 +14,14 @@ connection (`Connection.Start`, where aiormq checks for a protocol header) is re
 
 The lock is not kept: frames are read one call after another, by `connect()` for the rest of
 the handshake and then by the connection's one reader task. The method replaced is aiormq
-7.2's, known by its source: where another release's differs, `install` keeps aiormq's reader
-and logs why, rather than drop whatever that release changed.
+7.2's, known by its source (`aldebaran/io/aiormq_sources.py`): where another release's differs,
+`install` keeps aiormq's reader and logs why, rather than drop whatever that release changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import inspect
 import struct
 from typing import Any
 
@@ -34,7 +32,7 @@ from pamqp.body import ContentBody
 from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
 
-from aldebaran.log import get_logger
+from aldebaran.io import aiormq_sources
 
 _HEAD = struct.Struct(">BHI")
 _DELIVER_TAIL = struct.Struct(">qB")  # delivery tag (signed, as pamqp reads it), the redelivered bit
@@ -52,8 +50,7 @@ _FIELDS = (("content_type", 0x8000, _SHORT), ("content_encoding", 0x4000, _SHORT
            ("app_id", 0x0008, _SHORT), ("cluster_id", 0x0004, _SHORT))
 _DEFAULTS: dict[str, Any] = {name: None for name, _, _ in _FIELDS} | {"cluster_id": ""}  # as `Basic.Properties()`
 _KNOWN_FLAGS = sum(bit for _, bit, _ in _FIELDS)
-_REPLACES = "3adff046743a2328"  # sha256 of aiormq 7.2's `FrameReceiver.get_frame` source, its first 16 digits
-log = get_logger("amqp")
+_STANDS_ON = ("FrameReceiver.get_frame",)
 
 
 def decode_frame(head: bytes, payload: bytes) -> tuple[int, int, Any]:
@@ -158,14 +155,6 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, Any]:
         raise InvalidFrameError(str(exc)) from exc
 
 
-def source_digest(function: Any) -> str:
-    """The first 16 hex digits of the sha256 of `function`'s source ("" when it has none)."""
-    try:
-        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return ""
-
-
 def install() -> bool:
     """Read frames with `read_frame` on every aiormq connection of this process, after each
     connection's first frame (idempotent); False when aiormq's reader is kept (module docstring)."""
@@ -173,10 +162,7 @@ def install() -> bool:
     plain = receiver.get_frame
     if getattr(plain, "_aldebaran_lean", False):
         return True
-    digest = source_digest(plain)
-    if digest != _REPLACES:
-        log.warning("aiormq's frame reader is not the one frame_reader replaces; kept aiormq's",
-                    digest=digest, expected=_REPLACES)
+    if not aiormq_sources.known("frame_reader", _STANDS_ON):
         return False
 
     @functools.wraps(plain)

@@ -13,6 +13,10 @@ leaves a failed consumer's: the owner ends its session, and what it never acked 
 queue with the channel (a callback that raised on one message every time would end every session
 on it). It is not raised into the reader: a reader that raises closes its channel from inside
 itself, waits for a reply only it could read, and takes the connection down with it.
+
+The handler replaced and the readers called are aiormq 7.2's, known by their source
+(`aldebaran/io/aiormq_sources.py`): on a release whose differ, the consumer is a plain one,
+with a task per delivery, and the callback is called from it the same way.
 """
 
 from __future__ import annotations
@@ -25,18 +29,27 @@ from typing import Any
 import aiormq.abc
 from pamqp import commands as spec
 
+from aldebaran.io import aiormq_sources
 from aldebaran.log import get_logger
 
 Deliver = Callable[[aiormq.abc.DeliveredMessage], None]
 OnError = Callable[[BaseException], None]
 _Inline = tuple[Deliver, OnError, Callable[[aiormq.abc.DeliveredMessage], Any]]  # the callback aiormq holds last
 _INSTALLED = "_aldebaran_inline_consumers"
+_STANDS_ON = ("Channel._on_deliver_frame", "Channel.__get_content_header", "Channel._read_content")
 log = get_logger("amqp")
 
 
 async def consume_inline(channel: aiormq.abc.AbstractChannel, queue: str, callback: Deliver,
                          on_error: OnError) -> str:
     """Consume `queue` on `channel` with `callback` called inline; the consumer tag."""
+    if not aiormq_sources.known("inline_consumer", _STANDS_ON):
+        async def deliver(message: aiormq.abc.DeliveredMessage) -> None:
+            _hand(callback, on_error, message)
+
+        consumed = await channel.basic_consume(queue, deliver)
+        assert consumed.consumer_tag is not None, "the broker names every consumer it starts"
+        return consumed.consumer_tag
     consumers = _install(channel)
     # Filed before the consume is sent: the broker's first deliveries can be read before the
     # reply to it reaches the caller.
@@ -79,15 +92,19 @@ def _install(channel: Any) -> dict[str, _Inline]:
             await plain(frame)
             return
         message = await read_content(frame, await content_header())
-        callback, on_error, _ = inline
-        try:
-            callback(message)
-        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the owner's to handle (module docstring)
-            try:
-                on_error(exc)
-            except Exception:  # never into the reader
-                log.exception("an inline consumer's error handler failed", consumer_tag=tag)
+        _hand(inline[0], inline[1], message)
 
     channel._on_deliver_frame = on_deliver_frame
     setattr(channel, _INSTALLED, consumers)
     return consumers
+
+
+def _hand(callback: Deliver, on_error: OnError, message: aiormq.abc.DeliveredMessage) -> None:
+    """`callback(message)`; what it raises goes to `on_error`, and never further (module docstring)."""
+    try:
+        callback(message)
+    except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - the owner's to handle
+        try:
+            on_error(exc)
+        except Exception:  # never into the reader
+            log.exception("an inline consumer's error handler failed", consumer_tag=message.consumer_tag)

@@ -12,7 +12,9 @@ with plain publishes on the same channel. The broker's answers land in one `Conf
 per call: a light slot per message in aiormq's confirmation map, and one future for the whole
 call (an asyncio future and three callbacks per message were a quarter of the `amqp`
 deliverer's CPU). It reaches into aiormq's channel attributes, which is why it lives here
-alone and aiormq is pinned to 7.x.
+alone and aiormq is pinned to 7.x; the methods it mirrors and replaces are aiormq 7.2's, known
+by their source (`aldebaran/io/aiormq_sources.py`): on a release whose differ, each message is
+published by aiormq's own `basic_publish`, a task each, its answer landing in the same place.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from aldebaran.io import aiormq_sources
+
+_STANDS_ON = ("Channel.basic_publish", "Channel._on_confirm_frame", "Channel._on_return_frame",
+              "Channel._confirm_delivery")
 # A content header frame: type, channel, payload size; class id, weight, body size, property flags.
 _HEADER = struct.Struct(">BHIHHQH")
 _FLAGS = 0x8000 | 0x1000 | 0x0080  # content_type, delivery_mode, message_id
@@ -71,6 +77,7 @@ class Confirmations:
         self.answered = [False] * count
         self._pending = count
         self._channel = channel
+        self._plain: list[asyncio.Task[None]] = []  # aiormq's own publishes (`_publish_each`)
         # In the channel's future store: rejected with the channel's error when it closes.
         self._all = channel.create_future()
         if not count:
@@ -82,6 +89,8 @@ class Confirmations:
             await asyncio.wait_for(asyncio.shield(self._all), timeout)
         except TimeoutError:
             self._fail_unanswered(TimeoutError("no confirm within the timeout"))
+            for task in self._plain:
+                task.cancel()
         except Exception as exc:  # noqa: BLE001 - the channel closed: what it did not answer failed with it
             self._fail_unanswered(exc)
         return list(self.outcomes)
@@ -191,6 +200,8 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
         raise ValueError("publish_many needs a channel in confirm mode")
     if len(bodies) != len(properties):
         raise ValueError("one properties object per body")
+    if not aiormq_sources.known("publish_many", _STANDS_ON):
+        return _publish_each(channel, bodies, properties, exchange, routing_key, mandatory)
     _confirm_prefix(channel)
     number, limit = channel.number, channel.max_content_size
     publish = pamqp.frame.marshal(spec.Basic.Publish(exchange=exchange, routing_key=routing_key,
@@ -221,4 +232,25 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
             if not confirmations._all.done():
                 confirmations._all.cancel()
             raise
+    return confirmations
+
+
+def _publish_each(channel: aiormq.Channel, bodies: Sequence[bytes], properties: Sequence[spec.Basic.Properties],
+                  exchange: str, routing_key: str, mandatory: bool) -> Confirmations:
+    """`publish_many` by aiormq's own `basic_publish`, one task per message, started in order
+    (they take the channel's lock in that order); each one's answer or error is its outcome."""
+    confirmations = Confirmations(channel, len(bodies))
+
+    async def publish(index: int, body: bytes, props: spec.Basic.Properties) -> None:
+        try:
+            answer = await channel.basic_publish(body, exchange=exchange, routing_key=routing_key,
+                                                 properties=props, mandatory=mandatory)
+        except Exception as exc:  # noqa: BLE001 - a nack, a return, the channel's end: this message's outcome
+            confirmations._answer(index, exc)
+        else:
+            confirmations._answer(index, None if isinstance(answer, spec.Basic.Ack)
+                                  else DeliveryError(None, answer))  # type: ignore[arg-type]
+
+    confirmations._plain = [asyncio.ensure_future(publish(index, body, props))
+                            for index, (body, props) in enumerate(zip(bodies, properties, strict=True))]
     return confirmations
