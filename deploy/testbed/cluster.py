@@ -24,6 +24,7 @@ while starting tears down what was started (`with Cluster(...).running():`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -52,10 +53,14 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports from the OS: every probe stays bound until all are chosen (one
+    probe after another, closed each time, can be handed the same port twice)."""
+    with contextlib.ExitStack() as probes:
+        sockets = [probes.enter_context(socket.socket()) for _ in range(count)]
+        for probe in sockets:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in sockets]
 
 
 @dataclass
@@ -85,20 +90,28 @@ class Cluster:
     epmd_pid: int | None = None
     nodes: list[Node] = field(default_factory=list)
     formed_in: float = 0.0  # seconds from first boot to all members running
+    # With base_port 0: the ports to take (epmd's, then each node's AMQP, distribution and
+    # management port), e.g. ports outside the ephemeral range for a node that restarts;
+    # empty, free ports from the OS.
+    ports: list[int] = field(default_factory=list)
 
     # ---- layout -------------------------------------------------------------------------
     def plan(self) -> None:
         """Choose names and ports (base_port 0 = free ports from the OS)."""
         self.root = Path(self.root)
+        wanted = 1 + 3 * self.size
+        if self.base_port == 0 and self.ports and len(set(self.ports)) < wanted:
+            raise SystemExit(f"{wanted} distinct ports needed, {len(set(self.ports))} given")
+        chosen = iter((self.ports or free_ports(wanted)) if self.base_port == 0 else [])
         if not self.epmd_port:
-            self.epmd_port = free_port() if self.base_port == 0 else 20000 + self.base_port - 1000
+            self.epmd_port = next(chosen) if self.base_port == 0 else 20000 + self.base_port - 1000
         self.nodes = []
         for i in range(1, self.size + 1):
             if self.base_port:
                 port = self.base_port + i - 1
                 dist, mgmt = 20000 + port, 10000 + port
             else:
-                port, dist, mgmt = free_port(), free_port(), free_port()
+                port, dist, mgmt = next(chosen), next(chosen), next(chosen)
             self.nodes.append(Node(i, f"{self.prefix}{i}@localhost", port, dist, mgmt))
         used = {p for n in self.nodes for p in (n.port, n.dist_port, n.management_port)} | {self.epmd_port}
         if used & SHARED_PORTS:

@@ -39,6 +39,7 @@ from tests.faults.fleet import WebhookServer
 from tests.support import services
 from tests.support.checker import check
 from tests.support.pipeline import declare, read_alert_message, running
+from tests.support.processes import free_port
 from tests.support.waiting import quiet_window, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
@@ -65,8 +66,9 @@ def _load_testbed():
 @pytest.fixture
 def cluster(tmp_path_factory) -> Iterator[object]:
     testbed = _load_testbed()
+    # Ports outside the ephemeral range: the stopped node must find its own free again on restart.
     bed = testbed.Cluster(root=tmp_path_factory.mktemp("cluster"), base_port=0,
-                          prefix=f"aldtest{uuid.uuid4().hex[:6]}-c")
+                          prefix=f"aldtest{uuid.uuid4().hex[:6]}-c", ports=[free_port() for _ in range(10)])
     with bed.running():
         print(f"\ncluster of 3 formed in {bed.formed_in:.1f}s")
         yield bed
