@@ -73,3 +73,41 @@ async def test_a_sessions_own_bug_on_an_open_connection_still_ends_the_worker(se
 
     with pytest.raises(RuntimeError, match="a bug in the session"):
         await asyncio.wait_for(amqp.run_sessions(settings, "test", asyncio.Event(), session), timeout=60)
+
+
+async def test_what_a_lost_session_held_is_collected_before_the_next(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its connection's objects are old and in cycles: the tuned collector would keep them for
+    hundreds of millions of allocations."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(amqp, "backoff_delay", lambda *a, **k: 0.0)
+    stopping = asyncio.Event()
+    held: list[weakref.ref[object]] = []
+    alive_at_next: list[bool] = []
+
+    class Book:  # a per-order worker's book, in a cycle with what holds it
+        def __init__(self) -> None:
+            self.me = self
+
+    async def session(connection: aio_pika.abc.AbstractConnection, ended: asyncio.Event) -> None:
+        if held:
+            alive_at_next.append(held[0]() is not None)
+            stopping.set()
+            return
+        book = Book()
+        held.append(weakref.ref(book))
+        gc.collect()
+        gc.freeze()  # old, as a book of a long session is: out of the young collections' reach
+        try:
+            raise ConnectionError("connection lost")
+        finally:
+            gc.unfreeze()
+
+    gc.disable()  # only the collection under test runs
+    try:
+        await asyncio.wait_for(amqp.run_sessions(settings, "test", stopping, session), timeout=60)
+    finally:
+        gc.enable()
+    assert alive_at_next == [False]
