@@ -25,6 +25,17 @@ def test_a_changed_method_turns_its_shortcut_off_with_one_warning(monkeypatch: p
         ("warning", "inline_consumer", ["Channel._read_content"])]
 
 
-def test_a_method_aiormq_no_longer_has_is_a_change() -> None:
-    assert aiormq_sources.source_digest(None) == ""
-    assert aiormq_sources.digest("Channel.__get_content_header") == aiormq_sources.KNOWN["Channel.__get_content_header"]
+def test_a_method_aiormq_no_longer_has_is_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Release:  # a Channel without the private readers inline_consumer calls
+        async def _on_deliver_frame(self) -> None: ...
+
+    monkeypatch.setitem(aiormq_sources._CLASSES, "Channel", Release)
+    monkeypatch.setattr(aiormq_sources, "_warned", set())
+    aiormq_sources.digest.cache_clear()
+    try:
+        assert aiormq_sources.digest("Channel.__get_content_header") == ""
+        with capture_logs() as logs:
+            assert not aiormq_sources.known("inline_consumer", ("Channel.__get_content_header",))
+        assert [entry["changed"] for entry in logs] == [["Channel.__get_content_header"]]
+    finally:
+        aiormq_sources.digest.cache_clear()  # the real aiormq's digests for the tests after

@@ -278,3 +278,31 @@ async def test_on_an_aiormq_whose_publish_differs_each_message_goes_by_basic_pub
     outcomes = await (await publish_many(channel, [b"y"] * 4, props(4), routing_key="small")).wait()
     assert [type(c) for c in outcomes] == [type(None)] * 2 + [DeliveryError] * 2
     assert not getattr(channel, "_confirm_prefix", False)
+
+
+async def test_a_message_pamqp_refuses_mid_batch_leaves_no_tag_behind(channel: aiormq.abc.AbstractChannel) -> None:
+    """Nothing of the batch is written, and the next batch's delivery tags still match the broker's."""
+    await channel.queue_declare("q", durable=True)
+    batch = props(3)
+    batch[1].message_id = "x" * 300  # over the 255 bytes of a short string
+    with pytest.raises(TypeError):
+        await publish_many(channel, [b"a", b"b", b"c"], batch, routing_key="q")
+    assert not channel.confirmations and not channel.message_id_delivery_tag
+    assert await (await publish_many(channel, [b"d"] * 5, props(5), routing_key="q")).wait() == [None] * 5
+    assert [body for _, body in await drain(channel, "q")] == [b"d"] * 5
+
+
+async def test_on_a_closed_channel_the_fallback_raises_as_the_shortcut_does(
+        vhost: services.Vhost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing was written: the caller's "not delivered", never an outcome per message."""
+    connection = await aiormq.connect(vhost.amqp_url)
+    try:
+        for changed in (False, True):
+            if changed:
+                monkeypatch.setitem(aiormq_sources.KNOWN, "Channel.basic_publish", "0" * 16)
+            closed = await connection.channel(publisher_confirms=True)
+            await closed.close()
+            with pytest.raises(aiormq.exceptions.ChannelInvalidStateError):
+                await publish_many(closed, [b"x"], props(1), routing_key="q")
+    finally:
+        await connection.close()

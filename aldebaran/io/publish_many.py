@@ -30,7 +30,7 @@ import aiormq.abc
 import aiormq.channel
 import pamqp.frame
 from aiormq.abc import ChannelFrame
-from aiormq.exceptions import DeliveryError
+from aiormq.exceptions import ChannelInvalidStateError, DeliveryError
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -210,18 +210,19 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
     async with channel.lock:  # delivery tags in the order the broker sees the messages
         parts: list[bytes] = []
         tags: list[tuple[str, int]] = []
-        for index, (body, props) in enumerate(zip(bodies, properties, strict=True)):
-            if not props.message_id:
-                props.message_id = uuid.uuid4().hex
-            parts.append(publish)
-            parts.append(header_frame(props, len(body), number))
-            parts += [pamqp.frame.marshal(ContentBody(body[i:i + limit]), number) for i in range(0, len(body), limit)]
-            channel.delivery_tag += 1
-            tag = channel.delivery_tag
-            channel.confirmations[tag] = _Slot(confirmations, index, props.message_id, tag)  # type: ignore[assignment]
-            channel.message_id_delivery_tag[props.message_id] = tag
-            tags.append((props.message_id, tag))
         try:
+            for index, (body, props) in enumerate(zip(bodies, properties, strict=True)):
+                if not props.message_id:
+                    props.message_id = uuid.uuid4().hex
+                parts.append(publish)
+                parts.append(header_frame(props, len(body), number))  # raises on a property pamqp refuses
+                parts += [pamqp.frame.marshal(ContentBody(body[i:i + limit]), number)
+                          for i in range(0, len(body), limit)]
+                channel.delivery_tag += 1
+                tag = channel.delivery_tag
+                channel.confirmations[tag] = _Slot(confirmations, index, props.message_id, tag)  # type: ignore[assignment]
+                channel.message_id_delivery_tag[props.message_id] = tag
+                tags.append((props.message_id, tag))
             await channel.write_queue.put(ChannelFrame(payload=b"".join(parts), should_close=False))
         except BaseException:  # nothing reached the broker: its tags are free again, as in `basic_publish`
             channel.delivery_tag -= len(tags)
@@ -238,7 +239,10 @@ async def publish_many(channel: aiormq.abc.AbstractChannel, bodies: Sequence[byt
 def _publish_each(channel: aiormq.Channel, bodies: Sequence[bytes], properties: Sequence[spec.Basic.Properties],
                   exchange: str, routing_key: str, mandatory: bool) -> Confirmations:
     """`publish_many` by aiormq's own `basic_publish`, one task per message, started in order
-    (they take the channel's lock in that order); each one's answer or error is its outcome."""
+    (they take the channel's lock in that order); each one's answer or error is its outcome.
+    A closed channel raises here, as the shortcut's lock does: nothing was written."""
+    if channel.is_closed:
+        raise ChannelInvalidStateError(f"{channel!r} closed")
     confirmations = Confirmations(channel, len(bodies))
 
     async def publish(index: int, body: bytes, props: spec.Basic.Properties) -> None:
