@@ -15,8 +15,9 @@ and each channel deliverer, though their heaps are small (~80,000 objects), ran 
 every ~16,000 alerts, 35-49 ms of CPU each, and found ~1,200 objects of garbage in a whole
 alert-heavy run: 1.4-2.1 s of CPU per run among the three (docs/benchmarks.md, "2026-12-07").
 What a worker holds for long and drops in cycles is a lost connection's (its channels, consumers,
-a per-order worker's books): a full collection follows each loss (`aldebaran.io.amqp`), since at
-these thresholds one otherwise comes only after hundreds of millions of allocations.
+a per-order worker's books): a full collection follows each loss (`collect_after_loss`, called by
+`aldebaran.io.amqp`), since at these thresholds one otherwise comes only after hundreds of
+millions of allocations.
 
 Rare is not free: each book's dict of counted events is tracked (it holds Structs), so a
 young collection at 100,000 events/s takes ~2 ms, and when it lands inside a cycle the
@@ -43,6 +44,13 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def collect_after_loss() -> None:
+    """A full collection once a broker connection is lost: its objects (channels, consumers, a
+    per-order worker's books held by a dead channel's consumers) are old and in reference cycles.
+    Rare, and tens of ms at these heaps."""
+    gc.collect()
 
 
 def collect_when_idle() -> int | None:

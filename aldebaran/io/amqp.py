@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import random
 import ssl
@@ -20,6 +19,7 @@ from yarl import URL
 from aldebaran.errors import UnavailableError
 from aldebaran.log import get_logger
 from aldebaran.metrics import BROKER_RECONNECTS, CONNECTIONS_BLOCKED
+from aldebaran.runtime_tuning import collect_after_loss
 from aldebaran.settings import Settings, mask_url
 
 log = get_logger("amqp")
@@ -177,15 +177,7 @@ def tls_context(settings: Settings, url: str) -> ssl.SSLContext | None:
 def _reconnected(name: str) -> None:
     BROKER_RECONNECTS.labels(component=name).inc()
     log.warning("reconnected to broker", worker=name)
-    collect_what_was_lost()
-
-
-def collect_what_was_lost() -> None:
-    """A full collection once a connection is lost: its objects (channels, consumers, a per-order
-    worker's books held by a dead channel's consumers) are old and in reference cycles, and with
-    the collector tuned (`aldebaran/runtime_tuning.py`) a full collection otherwise comes only
-    after hundreds of millions of allocations. Rare, and tens of ms at these heaps."""
-    gc.collect()
+    collect_after_loss()
 
 
 def persistent(body: bytes, **properties: Any) -> aio_pika.Message:
@@ -260,7 +252,7 @@ async def run_sessions(settings: Settings, name: str, stopping: asyncio.Event, s
                 with contextlib.suppress(Exception):  # closing a dead connection may fail
                     await asyncio.wait_for(connection.close(), timeout=5)
         if not stopping.is_set():
-            collect_what_was_lost()
+            collect_after_loss()
             if time.monotonic() - began >= STABLE_SESSION_SECONDS:
                 attempt = 0
             delay = backoff_delay(attempt, cap=SESSION_BACKOFF_CAP)

@@ -128,8 +128,7 @@ class _Slot:
 
     def set_result(self, result: object) -> None:
         # A returned message arrives here when the channel does not raise on returns.
-        outcome = None if isinstance(result, spec.Basic.Ack) else DeliveryError(None, result)  # type: ignore[arg-type]
-        self._settle(outcome)
+        self._settle(_outcome(result))
 
     def set_exception(self, error: BaseException) -> None:
         self._settle(error)
@@ -139,6 +138,12 @@ class _Slot:
         if channel.message_id_delivery_tag.get(self._message_id) == self._tag:
             del channel.message_id_delivery_tag[self._message_id]
         self._confirmations._answer(self._index, outcome)
+
+
+def _outcome(answer: object) -> BaseException | None:
+    """A message's outcome from the broker's answer to it: None for `Basic.Ack`, else the
+    `DeliveryError` `basic_publish` raises (a nack, or a return when returns do not raise)."""
+    return None if isinstance(answer, spec.Basic.Ack) else DeliveryError(None, answer)  # type: ignore[arg-type]
 
 
 def _confirm_prefix(channel: aiormq.Channel) -> None:
@@ -252,8 +257,7 @@ def _publish_each(channel: aiormq.Channel, bodies: Sequence[bytes], properties: 
         except Exception as exc:  # noqa: BLE001 - a nack, a return, the channel's end: this message's outcome
             confirmations._answer(index, exc)
         else:
-            confirmations._answer(index, None if isinstance(answer, spec.Basic.Ack)
-                                  else DeliveryError(None, answer))  # type: ignore[arg-type]
+            confirmations._answer(index, _outcome(answer))
 
     confirmations._plain = [asyncio.ensure_future(publish(index, body, props))
                             for index, (body, props) in enumerate(zip(bodies, properties, strict=True))]
