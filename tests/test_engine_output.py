@@ -11,6 +11,7 @@ the engine's fault and shutdown tests.
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -124,6 +125,82 @@ def test_outputs_handed_over_during_a_round_go_out_together_in_the_next() -> Non
         assert (rounds_after - rounds_before, alerts_after - alerts_before) == (2, 4), "alerts per round, observed"
         assert session.rounds.messages == 0
         session.rounds.cancel()
+
+    asyncio.run(scenario())
+
+
+class _SlowMarks(_Bus):
+    """As `_Bus`, each mark waiting for the test to answer it (or fail it), as Redis would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mark_replies: list[asyncio.Future[None]] = []
+
+    async def mark_sent(self, entries: list[str], bodies: list[bytes]) -> None:
+        await super().mark_sent(entries, bodies)
+        reply: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.mark_replies.append(reply)
+        await reply
+
+
+def _slow_marks_session() -> tuple[Session, _SlowMarks]:
+    session, _ = _session()
+    bus = _SlowMarks()
+    session.worker.store = session.store = bus  # type: ignore[assignment]
+    session.publish = bus.publish  # type: ignore[method-assign]
+    return session, bus
+
+
+def _confirmed_alert_latencies() -> float:
+    return REGISTRY.get_sample_value("aldebaran_processing_latency_seconds_count", {"stage": "alert"}) or 0.0
+
+
+def test_the_next_round_goes_out_while_the_last_ones_alerts_are_marked_sent() -> None:
+    """A mark Redis has not answered holds no round back; entries confirmed meanwhile are marked
+    together in the next call; the alert latency is taken at the confirm, not at the mark; and
+    `drained` waits for the marks."""
+
+    async def scenario() -> None:
+        session, bus = _slow_marks_session()
+        latencies = _confirmed_alert_latencies()
+        first = _output(1, "a")
+        first.oldest_published_ms = time.time() * 1000
+        session.rounds.put(first)
+        await eventually(lambda: bus.confirms, "the first round's publish", GUARD, pause=0)
+        bus.confirms[0].set_result(None)
+        await eventually(lambda: bus.mark_replies, "the first round's mark", GUARD, pause=0)
+        assert _confirmed_alert_latencies() == latencies + 1, "sampled at the confirm"
+        for tag in (2, 3):
+            session.rounds.put(_output(tag, f"alert-{tag}"))
+            await eventually(lambda tag=tag: len(bus.confirms) == tag, f"round {tag}'s publish", GUARD, pause=0)
+            bus.confirms[-1].set_result(None)
+            await eventually(lambda tag=tag: _acks(session)[-1] == (tag, True), f"round {tag}'s ack", GUARD, pause=0)
+        assert bus.marked == [["entry-1"]], "one mark in flight at a time"
+        drained = asyncio.ensure_future(session.rounds.drained(GUARD))
+        await loop_turns()
+        assert not drained.done(), "drained waits for the marks"
+        bus.mark_replies[0].set_result(None)
+        await eventually(lambda: len(bus.mark_replies) == 2, "the next mark", GUARD, pause=0)
+        assert bus.marked == [["entry-1"], ["entry-2", "entry-3"]], "marked together in the next call"
+        bus.mark_replies[1].set_result(None)
+        await asyncio.wait_for(drained, GUARD)
+        assert not session.ended.is_set()
+        session.rounds.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_mark_ends_the_session() -> None:
+    async def scenario() -> None:
+        session, bus = _slow_marks_session()
+        session.rounds.put(_output(1, "a"))
+        await eventually(lambda: bus.confirms, "the round's publish", GUARD, pause=0)
+        bus.confirms[0].set_result(None)
+        await eventually(lambda: bus.mark_replies, "the round's mark", GUARD, pause=0)
+        bus.mark_replies[0].set_exception(ConnectionError("Redis went away"))
+        await session.rounds.drained(GUARD)
+        assert session.ended.is_set() and isinstance(session.failed, ConnectionError)
+        assert _acks(session) == [(1, True)], "confirmed before the mark: acked"
 
     asyncio.run(scenario())
 

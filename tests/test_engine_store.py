@@ -12,7 +12,7 @@ import pytest
 from aldebaran.core.done_markers import DoneDelta, DoneGroup, DoneMarkers
 from aldebaran.core.engine import Compaction
 from aldebaran.core.wal import DoneImage, encode_done
-from aldebaran.io.engine_store import Committed, EngineStore, Fenced
+from aldebaran.io.engine_store import RECENT_ALERTS, Committed, EngineStore, Fenced
 from aldebaran.io.redis import Keys, connect
 from aldebaran.settings import Settings
 
@@ -64,6 +64,22 @@ async def test_the_outbox_keeps_a_cycles_alerts_until_their_entry_is_marked_sent
     assert await store.redis.lrange(store.keys.recent_alerts(), 0, -1) == [b"{b}", b"{a}"]
     # Each alert key stays: an alert id fires once, ever.
     assert await store.commit(b"r3", ["a"], [b"{a}"]) == Committed([False], None)
+
+
+async def test_marking_sent_keeps_the_newest_bodies_and_runs_on_a_connection_of_its_own(store: EngineStore) -> None:
+    """The recent list holds the last RECENT_ALERTS bodies, newest first; the marks leave the
+    outbox and the refused list on the output path's held connection, not the commits' one."""
+    ids = [f"m{n}" for n in range(RECENT_ALERTS + 50)]
+    bodies = [f"{{{n}}}".encode() for n in range(len(ids))]
+    committed = await store.commit(b"r1", ids, bodies)
+    assert committed.entry is not None
+    await store.refuse([committed.entry])
+    await store.mark_sent([committed.entry], bodies)
+    assert await store.redis.lrange(store.keys.recent_alerts(), 0, -1) == bodies[::-1][:RECENT_ALERTS]
+    assert not await store.redis.exists(store._pending) and not await store.redis.exists(store._refused)
+    assert store._marking._connection is not None and store._marking._connection is not store._held._connection
+    await store.mark_sent([], [])  # nothing to mark: no call
+    assert (await store.outbox()).entries == {}
 
 
 async def test_settling_witnessed_alerts_keeps_the_rest_of_their_entries_pending(store: EngineStore) -> None:

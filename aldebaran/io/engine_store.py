@@ -94,10 +94,12 @@ class EngineStore:
         self._compact_op = key("compact-op")  # apart from the commits' `last-op`: the two interleave
         self._ops = 0
         self._held = HeldConnection(redis)  # the cycle's commits: on the engine's critical path
+        self._marking = HeldConnection(redis)  # the output path's marks, beside the commits
         self._commit = redis.register_script(_COMMIT)
         self._settle = redis.register_script(_SETTLE)
         self._compact = redis.register_script(_COMPACT)
         self._refuse = redis.register_script(_REFUSE)
+        self._mark_sent = redis.register_script(_MARK_SENT)
         self._renew = redis.register_script(_RENEW)
 
     async def acquire(self) -> bool:
@@ -180,17 +182,14 @@ class EngineStore:
         return Committed(fresh, op if any(fresh) else None)
 
     async def mark_sent(self, entries: Sequence[str], bodies: Sequence[bytes]) -> None:
-        """The broker confirmed the alerts of these outbox entries: out of the outbox, into the recent list."""
+        """The broker confirmed the alerts of these outbox entries: out of the outbox, into the recent list.
+
+        One script on a connection of its own (`HeldConnection`): through the client's pipeline
+        the same MULTI cost the engine ~175 µs of CPU a call against ~60, once per alert round."""
         if not entries:
             return
-        recent = self.keys.recent_alerts()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(self._pending, *entries)
-            pipe.srem(self._refused, *entries)
-            if bodies:
-                pipe.lpush(recent, *bodies[-RECENT_ALERTS:])
-                pipe.ltrim(recent, 0, RECENT_ALERTS - 1)
-            await pipe.execute()
+        await self._marking.run_script(self._mark_sent, [self._pending, self._refused, self.keys.recent_alerts()],
+                                       [RECENT_ALERTS, len(entries), *entries, *bodies[-RECENT_ALERTS:]])
 
     async def refuse(self, entries: Sequence[str]) -> None:
         """The broker did not confirm these entries' publish: a witness of them proves nothing.
@@ -306,6 +305,23 @@ local flags = table.concat(out)
 if new then redis.call('HSET', KEYS[3], ARGV[5], flags .. ':' .. ARGV[6]) end
 redis.call('SET', KEYS[4], tag .. flags)
 return flags
+"""
+
+# KEYS: pending, refused set, recent list. ARGV: recent length, n, then n entries confirmed on the bus,
+# then their alerts' bodies for the recent list. Not fenced: what the broker confirmed went out,
+# whoever owns the books now. Run again after a lost reply, it changes nothing more than a repeat
+# in the recent list (what the pipeline it replaced did too).
+_MARK_SENT = """
+local n = tonumber(ARGV[2])
+for i = 3, 2 + n do
+  redis.call('HDEL', KEYS[1], ARGV[i])
+  redis.call('SREM', KEYS[2], ARGV[i])
+end
+if #ARGV > 2 + n then
+  for i = 3 + n, #ARGV do redis.call('LPUSH', KEYS[3], ARGV[i]) end
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[1]) - 1)
+end
+return n
 """
 
 # KEYS: owner, pending, refused set. ARGV: token, then the entries whose publish was not confirmed.
