@@ -27,12 +27,12 @@ bench: setup
 	.venv/bin/pip install -q -e '.[bench]'
 	.venv/bin/aldebaran bench
 
-# Static checks: ruff (the packages and the tests), mypy (the packages) and the import-linter
+# Static checks: ruff (the packages, the tests and deploy's scripts), mypy (the packages) and the import-linter
 # layer contracts (pyproject.toml).
 # Needs only the virtualenv (no RabbitMQ or Redis): setup stops after creating it.
 PACKAGES = aldebaran declare workers spark_analytics
 lint:
 	SETUP_VENV_ONLY=1 bash deploy/setup.sh
-	.venv/bin/ruff check $(PACKAGES) tests
+	.venv/bin/ruff check $(PACKAGES) tests deploy
 	.venv/bin/mypy $(PACKAGES)
 	.venv/bin/lint-imports

@@ -34,10 +34,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 RABBIT_BIN = Path(os.environ.get("TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 DEFAULT_ROOT = Path(os.environ.get("ALDEBARAN_TESTBED_ROOT", f"/tmp/aldebaran-testbed-{os.getuid()}"))
@@ -193,7 +193,7 @@ class Cluster:
         (self.root / "state.json").write_text(json.dumps(state, indent=1))
 
     @classmethod
-    def load(cls, root: Path = DEFAULT_ROOT) -> "Cluster":
+    def load(cls, root: Path = DEFAULT_ROOT) -> Cluster:
         path = Path(root) / "state.json"
         if not path.exists():
             raise SystemExit(f"no test bed under {root} (start one with `cluster.py start`)")
@@ -214,9 +214,9 @@ class Cluster:
     def _start_epmd(self) -> None:
         if self.epmd_pid and _alive(self.epmd_pid):
             return
-        log = open(self.root / "epmd.out", "ab")
-        process = subprocess.Popen(["epmd", "-port", str(self.epmd_port)], env=self.env(), stdout=log, stderr=log,
-                                   start_new_session=True)
+        with open(self.root / "epmd.out", "ab") as log:  # the child keeps its own copy
+            process = subprocess.Popen(["epmd", "-port", str(self.epmd_port)], env=self.env(), stdout=log,
+                                       stderr=log, start_new_session=True)
         self.epmd_pid = process.pid
         self.save()
         deadline = time.monotonic() + 15
@@ -226,9 +226,9 @@ class Cluster:
             time.sleep(0.1)
 
     def _spawn(self, node: Node) -> None:
-        log = open(self._dir(node) / "server.out", "ab")
-        process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(node), stdout=log,
-                                   stderr=log, cwd=self._dir(node), start_new_session=True)
+        with open(self._dir(node) / "server.out", "ab") as log:  # the child keeps its own copy
+            process = subprocess.Popen([str(RABBIT_BIN / "rabbitmq-server")], env=self.env(node), stdout=log,
+                                       stderr=log, cwd=self._dir(node), start_new_session=True)
         node.pid = process.pid
         self.save()
 
@@ -252,7 +252,7 @@ class Cluster:
             text += f"\n--- {path.name}\n" + path.read_text(errors="replace")[-2000:]
         return text
 
-    def start(self, timeout: float = 180) -> "Cluster":
+    def start(self, timeout: float = 180) -> Cluster:
         """Boot every node at once (boot is the slow part), then join 2..N to node 1."""
         self.plan()
         if self.root.exists() and (self.root / "state.json").exists():
@@ -328,10 +328,8 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     pass
             for node in reversed(alive):
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.ctl(node, "stop", timeout=60)
-                except subprocess.TimeoutExpired:
-                    pass
                 if not _wait_gone(node.pid, 60):  # type: ignore[arg-type]
                     _killpg(node.pid)  # type: ignore[arg-type]
                     _wait_gone(node.pid, 30)  # type: ignore[arg-type]
@@ -345,7 +343,7 @@ class Cluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
     @contextmanager
-    def running(self) -> Iterator["Cluster"]:
+    def running(self) -> Iterator[Cluster]:
         self.start()
         try:
             yield self
@@ -419,10 +417,8 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 def _killpg(pid: int) -> None:
     """SIGKILL the process group a node leads (beam, erl_child_setup, inet_gethost)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

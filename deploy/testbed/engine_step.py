@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aldebaran.bench.pure import fresh_engine  # noqa: E402
-from aldebaran.bench.workload import build  # noqa: E402
-from aldebaran.core.wal import WalMessage  # noqa: E402
-from aldebaran.runtime_tuning import tune_gc  # noqa: E402
-from aldebaran.settings import Settings  # noqa: E402
+from aldebaran.bench.pure import fresh_engine
+from aldebaran.bench.workload import build
+from aldebaran.core.wal import WalMessage
+from aldebaran.runtime_tuning import tune_gc
+from aldebaran.settings import Settings
 
 
 def one_round(settings: Settings, messages: list[WalMessage], events: int) -> tuple[float, tuple[int, int, int]]:

@@ -20,8 +20,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aldebaran.trades.events import PurchaseRequest  # noqa: E402
-from tests.support import pipeline, services  # noqa: E402
+from aldebaran.trades.events import PurchaseRequest
+from tests.support import pipeline, services
 
 
 def main(books: int) -> None:

@@ -17,6 +17,7 @@ JVMs by their pids (never by name) and deletes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -56,9 +57,9 @@ def _env() -> dict[str, str]:
 
 
 def _spawn(name: str, *args: str) -> int:
-    log = open(ROOT / f"{name}.out", "ab")
-    process = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=_env(), stdout=log,
-                               stderr=log, start_new_session=True)
+    with open(ROOT / f"{name}.out", "ab") as log:  # the child keeps its own copy
+        process = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=_env(), stdout=log,
+                                   stderr=log, start_new_session=True)
     return process.pid
 
 
@@ -122,10 +123,8 @@ def stop() -> None:
         os.killpg(int(pid), signal.SIGTERM)  # the JVM leads its own session/process group
         deadline = time.monotonic() + 30
         while _alive(int(pid)) and time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(int(pid), os.WNOHANG)
-            except ChildProcessError:
-                pass
             time.sleep(0.3)
         if _alive(int(pid)):
             os.killpg(int(pid), signal.SIGKILL)
