@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from aldebaran.api.pullqueue import PullQueue
-from aldebaran.bench.environment import Place, stop_process
+from aldebaran.bench.environment import Place, start_worker, stop_process
 from aldebaran.io.redis import Keys
 from aldebaran.io.redis import client as redis_client
 
@@ -82,10 +82,7 @@ class Delivery:
         self.readers = [asyncio.create_task(self._read_bus(self.recipient.stdout)),
                         asyncio.create_task(self._read_pull())]
         for args in (["lookout"], ["channel", "pull"], ["channel", "bus"]):
-            # The child writes through its own copy of the descriptor; ours closes after the start.
-            with open(self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", "wb") as log:
-                process = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
-                                                               env=self.env, stdout=log, stderr=log)
+            process = await start_worker(args, self.workdir / f"{'-'.join(args)}-{self.place.vhost}.log", self.env)
             self.processes.append(process)
             self.pids.append(process.pid)
 

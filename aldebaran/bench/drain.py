@@ -24,7 +24,7 @@ import aiormq.abc
 import msgspec
 from pamqp import commands as spec
 
-from aldebaran.bench.environment import CpuMeter, Place, free_ports, stop_process
+from aldebaran.bench.environment import CpuMeter, Place, free_ports, start_worker, stop_process
 from aldebaran.bench.metrics_scrape import scrape, total
 from aldebaran.io.alert_bus import split_alerts
 from aldebaran.io.publisher import Body
@@ -211,11 +211,9 @@ async def _start_engine(place: Place, workdir: Path, port: int, partition: int,
                         workers: list[asyncio.subprocess.Process], env: dict[str, str]) -> None:
     """One engine process (owning `partition` when partitioned) in `workers`; returns once it consumes."""
     ready = ReadySocket(workdir / f"notify-{place.vhost}-{partition}")
-    with open(workdir / f"engine-{place.vhost}-{partition}.log", "wb") as logs:  # the engine keeps its own copy
-        worker = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "aldebaran.cli", "run", "engine", "--metrics-port", str(port),
-            env=dict(env, NOTIFY_SOCKET=str(ready.path), ALDEBARAN_ENGINE__PARTITION=str(partition)),
-            stdout=logs, stderr=logs)
+    worker = await start_worker(["engine", "--metrics-port", str(port)],
+                                workdir / f"engine-{place.vhost}-{partition}.log",
+                                dict(env, NOTIFY_SOCKET=str(ready.path), ALDEBARAN_ENGINE__PARTITION=str(partition)))
     workers.append(worker)
     await ready.wait(worker)
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -159,6 +160,14 @@ class CpuMeter:
             cores[label] = cores.get(label, 0.0) + (times.user + times.system - before) / wall
         self.cores = cores
         return cores
+
+
+async def start_worker(args: Sequence[str], log: Path, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """`aldebaran run *args` in a process of its own, its output to `log` (the child writes
+    through its own copy of the descriptor; ours closes once it has started)."""
+    with open(log, "wb") as out:
+        return await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", *args,
+                                                    env=dict(env), stdout=out, stderr=out)
 
 
 async def stop_process(process: asyncio.subprocess.Process, grace: float = 30.0) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aldebaran.bench.environment import CpuMeter, Place, free_ports, stop_process
+from aldebaran.bench.environment import CpuMeter, Place, free_ports, start_worker, stop_process
 from aldebaran.bench.metrics_scrape import scrape, total
 from aldebaran.bench.paced_publisher import write_bodies
 from aldebaran.bench.workload import Workload
@@ -76,9 +76,7 @@ async def paced(place: Place, workload: Workload, rate: float, seconds: float, t
     port = free_ports(1)
     env = place.env(ALDEBARAN_BOOK_TTL_SECONDS=str(ttl), ALDEBARAN_LOG_LEVEL="warning",
                     ALDEBARAN_ENGINE__LATENCY_SAMPLES_DIR=samples)
-    with open(workdir / f"paced-{place.vhost}.log", "wb") as logs:  # the engine keeps its own copy
-        worker = await asyncio.create_subprocess_exec(sys.executable, "-m", "aldebaran.cli", "run", "engine",
-                                                      "--metrics-port", str(port), env=env, stdout=logs, stderr=logs)
+    worker = await start_worker(["engine", "--metrics-port", str(port)], workdir / f"paced-{place.vhost}.log", env)
     try:
         while not scrape([port]):
             await asyncio.sleep(0.1)
