@@ -54,9 +54,10 @@ class _Bus:
         self.marked.append(list(entries))
 
 
-def _session(**engine: int) -> tuple[Session, _Bus]:
+def _session(bus: _Bus | None = None, **engine: int) -> tuple[Session, _Bus]:
+    """A session on fakes; `bus`: the publishes and marks it records (a plain `_Bus` if none)."""
     settings = Settings(engine=EngineSettings(**engine))
-    bus = _Bus()
+    bus = bus if bus is not None else _Bus()
     worker = SimpleNamespace(config=settings.engine, store=bus, settings=settings,
                              samples=SimpleNamespace(enabled=False), report=lambda: None)
     session = Session(worker, connection=None, ended=asyncio.Event(), life=None)  # type: ignore[arg-type]
@@ -143,14 +144,6 @@ class _SlowMarks(_Bus):
         await reply
 
 
-def _slow_marks_session() -> tuple[Session, _SlowMarks]:
-    session, _ = _session()
-    bus = _SlowMarks()
-    session.worker.store = session.store = bus  # type: ignore[assignment]
-    session.publish = bus.publish  # type: ignore[method-assign]
-    return session, bus
-
-
 def _confirmed_alert_latencies() -> float:
     return REGISTRY.get_sample_value("aldebaran_processing_latency_seconds_count", {"stage": "alert"}) or 0.0
 
@@ -161,7 +154,8 @@ def test_the_next_round_goes_out_while_the_last_ones_alerts_are_marked_sent() ->
     `drained` waits for the marks."""
 
     async def scenario() -> None:
-        session, bus = _slow_marks_session()
+        bus = _SlowMarks()
+        session, _ = _session(bus)
         latencies = _confirmed_alert_latencies()
         first = _output(1, "a")
         first.oldest_published_ms = time.time() * 1000
@@ -192,7 +186,8 @@ def test_the_next_round_goes_out_while_the_last_ones_alerts_are_marked_sent() ->
 
 def test_a_failed_mark_ends_the_session() -> None:
     async def scenario() -> None:
-        session, bus = _slow_marks_session()
+        bus = _SlowMarks()
+        session, _ = _session(bus)
         session.rounds.put(_output(1, "a"))
         await eventually(lambda: bus.confirms, "the round's publish", GUARD, pause=0)
         bus.confirms[0].set_result(None)
