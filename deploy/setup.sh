@@ -72,6 +72,27 @@ if command -v rabbitmq-plugins >/dev/null && [ "$AMQP_HOST" = 127.0.0.1 ]; then
   answers 127.0.0.1 15672 || die "the RabbitMQ management API does not answer on 15672"
 fi
 
+# RabbitMQ's schedulers. On a machine of two cores or fewer the local broker shares them with
+# the engine: one scheduler leaves the engine a core and saves the broker's threads from waking
+# each other for every message. Paced at 100,000 events/s in 100-event messages, p99 publish->book
+# fell from 25-63 ms to 17-21 ms, the drains unchanged (docs/benchmarks.md, "2026-12-07 night:
+# one scheduler for the broker"). SETUP_RABBITMQ_SCHEDULERS=N chooses another count; `keep` leaves
+# the broker alone.
+# The running broker takes it at once; /etc/rabbitmq/rabbitmq-env.conf keeps it across restarts.
+SCHEDULERS=${SETUP_RABBITMQ_SCHEDULERS:-$([ "$(nproc)" -le 2 ] && echo 1 || echo keep)}
+if [ "$SCHEDULERS" != keep ] && [ "$AMQP_HOST" = 127.0.0.1 ] && is_debian_root && command -v rabbitmqctl >/dev/null; then
+  [[ "$SCHEDULERS" =~ ^[1-9][0-9]*$ ]] || die "SETUP_RABBITMQ_SCHEDULERS is a count or keep, not $SCHEDULERS"
+  bash deploy/rabbitmq/keep-schedulers.sh /etc/rabbitmq/rabbitmq-env.conf "$SCHEDULERS"
+  online=$(rabbitmqctl eval 'erlang:system_info(schedulers_online).' 2>/dev/null || echo "?")
+  if [ "$online" != "$SCHEDULERS" ]; then
+    if rabbitmqctl eval "erlang:system_flag(schedulers_online, $SCHEDULERS)." >/dev/null 2>&1; then
+      say "RabbitMQ: $SCHEDULERS scheduler(s) online (was $online)"
+    else
+      say "note: RabbitMQ keeps $online scheduler(s) online until it restarts"
+    fi
+  fi
+fi
+
 # 3. Redis
 if ! answers "$REDIS_HOST" "$REDIS_PORT"; then
   if ! command -v redis-server >/dev/null; then say "installing redis-server"; apt_install redis-server; fi

@@ -37,8 +37,10 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 class PrivateRabbit:
     """One private node: `start()`, `stop()`, `restart()`, `cleanup()`; `url` for clients."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, env_file: Path | None = None) -> None:
         self.root = Path(root or tempfile.mkdtemp(prefix="aldebaran-rabbit-"))
+        # A rabbitmq-env.conf of the test's: the node takes its SERVER_ADDITIONAL_ERL_ARGS from it.
+        self.env_file = env_file
         self.port = free_port()
         self.dist_port = free_port()
         self.epmd_port = free_port()
@@ -86,11 +88,21 @@ class PrivateRabbit:
             ERL_EPMD_ADDRESS="127.0.0.1",
             ERL_EPMD_PORT=str(self.epmd_port),
         )
+        if self.env_file is not None:
+            env["RABBITMQ_CONF_ENV_FILE"] = str(self.env_file)
+            del env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
         return env
 
     def _ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(RABBIT_BIN / "rabbitmqctl"), "-n", self.name, *args], env=self.env(),
                               capture_output=True, text=True, timeout=timeout)
+
+    def erlang_eval(self, expression: str) -> str:
+        """What `rabbitmqctl eval` prints for an Erlang expression run on the node."""
+        result = self._ctl("eval", expression)
+        if result.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl eval {expression!r} failed: {result.stderr or result.stdout}")
+        return result.stdout.strip()
 
     def start(self, timeout: float = 90) -> PrivateRabbit:
         (self.root / "advanced.config").write_text("[].\n")
