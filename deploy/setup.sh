@@ -81,8 +81,7 @@ fi
 # The running broker takes it at once; /etc/rabbitmq/rabbitmq-env.conf keeps it across restarts.
 SCHEDULERS=${SETUP_RABBITMQ_SCHEDULERS:-$([ "$(nproc)" -le 2 ] && echo 1 || echo keep)}
 if [ "$SCHEDULERS" != keep ] && [ "$AMQP_HOST" = 127.0.0.1 ] && is_debian_root && command -v rabbitmqctl >/dev/null; then
-  [[ "$SCHEDULERS" =~ ^[1-9][0-9]*$ ]] || die "SETUP_RABBITMQ_SCHEDULERS is a count or keep, not $SCHEDULERS"
-  bash deploy/rabbitmq/keep-schedulers.sh /etc/rabbitmq/rabbitmq-env.conf "$SCHEDULERS"
+  bash deploy/rabbitmq/keep-schedulers.sh /etc/rabbitmq/rabbitmq-env.conf "$SCHEDULERS"  # refuses what is not a count
   online=$(rabbitmqctl eval 'erlang:system_info(schedulers_online).' 2>/dev/null || echo "?")
   if [ "$online" != "$SCHEDULERS" ]; then
     if rabbitmqctl eval "erlang:system_flag(schedulers_online, $SCHEDULERS)." >/dev/null 2>&1; then

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.support.private_rabbit import PrivateRabbit
+from tests.support.private_rabbit import private_rabbit
 
 SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "rabbitmq" / "keep-schedulers.sh"
 DEBIAN_LINES = 'NODENAME=rabbit@localhost\nexport ERL_FLAGS="-kernel inet_dist_use_interface {127,0,0,1}"\n'
@@ -48,7 +48,7 @@ def test_an_operators_own_args_are_left_alone(tmp_path: Path) -> None:
     assert "without +S" in result.stdout  # said: their broker keeps its default schedulers
 
 
-def test_a_count_that_is_not_one_is_refused(tmp_path: Path) -> None:
+def test_what_is_not_a_count_is_refused(tmp_path: Path) -> None:
     conf = tmp_path / "rabbitmq-env.conf"
     conf.write_text(DEBIAN_LINES)
     for bad in ("0", "two", "1; rm -rf /", ""):
@@ -61,10 +61,6 @@ def test_a_node_booted_with_the_file_runs_that_many_schedulers(tmp_path: Path) -
     conf = tmp_path / "rabbitmq-env.conf"
     conf.write_text(DEBIAN_LINES)
     assert keep(conf, "1").returncode == 0
-    node = PrivateRabbit(tmp_path / "rabbit", env_file=conf)
-    try:
-        node.start()
+    with private_rabbit(env_file=conf) as node:
         assert node.erlang_eval("{erlang:system_info(schedulers), erlang:system_info(schedulers_online)}.") \
             == "{1,1}"
-    finally:
-        node.cleanup()

@@ -163,8 +163,8 @@ class PrivateRabbit:
 
 
 @contextmanager
-def private_rabbit() -> Iterator[PrivateRabbit]:
-    node = PrivateRabbit()
+def private_rabbit(env_file: Path | None = None) -> Iterator[PrivateRabbit]:
+    node = PrivateRabbit(env_file=env_file)
     try:
         yield node.start()
     finally:
