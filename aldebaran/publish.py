@@ -8,6 +8,7 @@ its reason — the publisher is not the judge.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Iterable, Iterator
 from typing import IO
@@ -23,7 +24,10 @@ DEFAULT_BATCH = 100
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("publish", help="publish JSON lines of trade events")
-    parser.add_argument("file", help="a file of JSON lines (objects or arrays), or - for stdin")
+    # Opened by argparse: a file that cannot be read is a one-line usage error, not a traceback.
+    # Bytes that are not UTF-8 survive the reading (surrogateescape) and are sent as they came.
+    parser.add_argument("file", type=argparse.FileType("r", encoding="utf-8", errors="surrogateescape"),
+                        help="a file of JSON lines (objects or arrays), or - for stdin")
     parser.add_argument("--rate", type=float, default=0.0, help="events per second (0 = as fast as possible)")
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="events per AMQP message")
     parser.add_argument("--format", choices=["json", "msgpack"], default="json")
@@ -54,14 +58,16 @@ def _body(chunk: list[TradeEvent], fmt: str) -> Body:
 
 
 def read_lines(stream: IO[str], size: int, fmt: str) -> Iterator[Body]:
-    """Bodies from JSON lines; unreadable lines pass through unchanged, one per message."""
+    """Bodies from JSON lines; unreadable lines pass through unchanged, one per message (bytes
+    that were not UTF-8 too, when `stream` reads with `errors="surrogateescape"`)."""
     good: list[TradeEvent] = []
     for line in stream:
         if not line.strip():
             continue
-        decoded = decode_message(line.encode())
+        raw = line.rstrip("\n").encode("utf-8", "surrogateescape")
+        decoded = decode_message(raw)
         if decoded.rejects:
-            yield Body(line.rstrip("\n").encode(), 1)
+            yield Body(raw, 1)
             continue
         good.extend(decoded.events)
         while len(good) >= size:
@@ -76,7 +82,9 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
     from rich.progress import Progress
 
     console = Console(stderr=True)
-    stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115 - closed by the `with`
+    stream = args.file
+    if stream is sys.stdin and isinstance(stream, io.TextIOWrapper):
+        stream.reconfigure(errors="surrogateescape")
     with stream, Progress(console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task("publishing events", total=None)
         report = run(publish_bodies(
