@@ -11,6 +11,8 @@ import ipaddress
 import re
 from urllib.parse import unquote, urlsplit
 
+from pydantic import ValidationError
+
 _PASSWORD_IN_URL = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]+)@")
 # A query parameter whose name says secret (`?password=`, `&token=`, `api_key=`, `sig=`).
 _SECRET_IN_QUERY = re.compile(
@@ -60,3 +62,19 @@ def default_key_prefix(amqp_url: str) -> str:
     if _PLAIN_VHOST.match(vhost):
         return f"aldebaran.{vhost}"
     return "aldebaran:" + hashlib.sha256(vhost.encode()).hexdigest()[:24]
+
+
+def describe_errors(error: ValidationError) -> str:
+    """Every problem of a settings validation on one line: unknown keys named, secrets never echoed."""
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "settings"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown setting")
+        elif item["loc"][:1] in (("channels",), ("redis_url",)) or SECRET_SETTING.search(key):
+            # A malformed URL can defeat masking (an unencoded `/` in its password): not echoed.
+            # A channel table holds tokens and auth headers: name the key, never the value.
+            lines.append(f"{key}: {mask_url(item['msg'])}")
+        else:
+            lines.append(f"{key}: {item['msg']} (got {mask_url(repr(item.get('input')))})")
+    return "; ".join(lines)

@@ -19,7 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from aldebaran.config_checks import SECRET_SETTING, default_key_prefix, http_url, is_link_local, mask_url
+from aldebaran.config_checks import default_key_prefix, describe_errors, http_url, is_link_local, mask_url
 from aldebaran.errors import ConfigError
 from aldebaran.redis_url import check_redis_url, is_sentinel_url
 
@@ -322,6 +322,13 @@ class Settings(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"channel names must be unique, repeated: {', '.join(dupes)}")
+        from declare.topology import channel_dead_letter, channel_queue  # (the topology imports the settings)
+
+        owners = {channel_queue(name): name for name in names}
+        for name in names:
+            if (other := owners.get(channel_dead_letter(name))) is not None:
+                raise ValueError(f"channel {other!r} would take channel {name!r}'s parking queue "
+                                 f"{channel_dead_letter(name)}: rename one")
         return value
 
     @model_validator(mode="after")
@@ -364,31 +371,21 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, toml)
 
 
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "settings"
-        if item["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown setting")
-        elif item["loc"][:1] in (("channels",), ("redis_url",)) or SECRET_SETTING.search(key):
-            # A malformed URL can defeat masking (an unencoded `/` in its password): not echoed.
-            # A channel table holds tokens and auth headers: name the key, never the value.
-            lines.append(f"{key}: {mask_url(item['msg'])}")
-        else:
-            lines.append(f"{key}: {item['msg']} (got {mask_url(repr(item.get('input')))})")
-    return "; ".join(lines)
+def _unknown_environment() -> list[str]:
+    """Our variables that no setting reads: pydantic-settings ignores them silently. It reads
+    the others in any case (`aldebaran_book_ttl_seconds` too); `ALDEBARAN_CONFIG` only as spelt."""
+    fields = {f"ALDEBARAN_{name.upper()}" for name in Settings.model_fields}
+    return sorted(k for k in os.environ
+                  if k.upper().startswith("ALDEBARAN_") and k != "ALDEBARAN_CONFIG"
+                  and k.upper().split("__")[0] not in fields)
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Build the settings, turning every validation problem into one `ConfigError`."""
-    # pydantic-settings ignores env vars that match no field; we want them reported.
-    known = {f"ALDEBARAN_{name.upper()}" for name in Settings.model_fields} | {"ALDEBARAN_CONFIG"}
-    unknown = sorted(
-        k for k in os.environ if k.startswith("ALDEBARAN_") and k.split("__")[0] not in known
-    )
+    unknown = _unknown_environment()
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: unknown setting")
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(describe_errors(exc)) from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from aldebaran.errors import ConfigError
@@ -70,10 +72,40 @@ def test_unknown_channel_key_names_it(tmp_path, monkeypatch: pytest.MonkeyPatch)
         load_settings()
 
 
+def _two_channels(path: Path, second: str) -> None:
+    path.write_text(f'[[channels]]\nname = "ops"\nkind = "log"\n\n[[channels]]\nname = "{second}"\nkind = "log"\n')
+
+
+def test_a_channel_named_like_anothers_parking_queue_is_refused(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ops.Dead_Letter`'s queue would be `ops`'s parking queue (CONTRACT §2: one queue per channel)."""
+    path = tmp_path / "aldebaran.toml"
+    monkeypatch.setenv("ALDEBARAN_CONFIG", str(path))
+    _two_channels(path, "ops.Dead_Letter")
+    with pytest.raises(ConfigError, match=r"channel 'ops.Dead_Letter' would take channel 'ops'.s parking queue "
+                                          r"Aldebaran\.Channel\.ops\.Dead_Letter"):
+        load_settings()
+    _two_channels(path, "ops.Dead_Letters")
+    assert [c.name for c in load_settings().channels] == ["ops", "ops.Dead_Letters"]
+
+
 def test_unknown_environment_variable_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALDEBARAN_BOOK_TLL_SECONDS", "5")
     with pytest.raises(ConfigError, match="ALDEBARAN_BOOK_TLL_SECONDS: unknown setting"):
         load_settings()
+
+
+@pytest.mark.parametrize("name", ["aldebaran_book_tll_seconds", "Aldebaran_Book_Tll_Seconds", "aldebaran_config"])
+def test_an_unknown_variable_in_another_case_is_named_too(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Settings are read in any case, so a misspelt one in lower case must not pass unseen;
+    the config file's variable is read only as spelt, so another spelling of it is unknown."""
+    monkeypatch.setenv(name, "5")
+    with pytest.raises(ConfigError, match=f"{name}: unknown setting"):
+        load_settings()
+
+
+def test_a_setting_in_lower_case_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("aldebaran_book_ttl_seconds", "7")
+    assert load_settings().book_ttl_seconds == 7
 
 
 @pytest.mark.parametrize(
