@@ -59,7 +59,8 @@ def aggregator(tmp_path: Path, worker_env: dict[str, str]) -> Iterator[int]:
         sock.bind(address)
         sock.settimeout(30)
         proc = subprocess.Popen([ALDEBARAN, "run", "aggregator", "--metrics-port", str(port)],
-                                env=dict(worker_env, NOTIFY_SOCKET=address), stdout=log, stderr=subprocess.STDOUT)
+                                env=dict(worker_env, NOTIFY_SOCKET=address, ALDEBARAN_MODE="per-order"),
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
             try:
                 while "READY=1" not in sock.recv(4096).decode().splitlines():

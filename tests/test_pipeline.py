@@ -104,7 +104,8 @@ def test_sigkill_mid_stream_then_restart_loses_and_duplicates_nothing(broker, wo
 
 def test_a_book_that_starts_after_its_deadline_counts_what_was_stamped_in_time(broker, worker_env, redis_prefix,
                                                                                tmp_path) -> None:
-    env = dict(worker_env, ALDEBARAN_BOOK_TTL_SECONDS="2", ALDEBARAN_PER_ORDER__BOOK_CLOSE_DELAY_SECONDS="0")
+    env = dict(worker_env, ALDEBARAN_MODE="per-order", ALDEBARAN_BOOK_TTL_SECONDS="2",
+               ALDEBARAN_PER_ORDER__BOOK_CLOSE_DELAY_SECONDS="0")
     with worker(env, tmp_path / "aggregator.log", "aggregator"):
         # Many purchases first, the request last, all stamped within the book's lifetime:
         # a late book must read its whole queue before it closes.

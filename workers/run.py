@@ -7,7 +7,7 @@ import importlib
 
 from aldebaran.errors import ConfigError
 from aldebaran.settings import Settings
-from workers import WORKER_MODULES
+from workers import MODE_KINDS, WORKER_MODULES
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,6 +25,16 @@ def handle(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     if args.kind == "channel" and not args.name:
         raise ConfigError("run channel: name the channel (one of the [[channels]] in the settings)")
+    _check_mode(args.kind, settings.mode)
     module = importlib.import_module(WORKER_MODULES[args.kind])
     worker = module.build(settings, name=args.name) if args.kind == "channel" else module.build(settings)
     return run_workers(settings, [worker])
+
+
+def _check_mode(kind: str, mode: str) -> None:
+    """A worker of the other mode would take the trade ingress beside this mode's consumers, each
+    seeing a share of every order's events: wrong alerts, not an error. Refused before it starts."""
+    modes = [name for name, kinds in MODE_KINDS.items() if kind in kinds]
+    if modes and mode not in modes:
+        raise ConfigError(f"run {kind}: a worker of the {' and '.join(modes)} mode, and the settings say "
+                          f"mode = {mode!r}; set ALDEBARAN_MODE={modes[0]} where {kind} workers run")

@@ -35,6 +35,7 @@ from tests.support.scale import FULL
 from tests.support.waiting import quiet_window, wait_until
 
 KINDS = ("engine", "lookout", "hook", "pull")  # the default mode; per-order tests name their kinds
+PER_ORDER_ROLES = {"aggregator", "books"}
 CHANNEL_KINDS = {"hook": ("channel", "hook"), "pull": ("channel", "pull")}
 # CI runs a small stream; FAULTS_SCALE=full runs the recorded matrix (docs/reliability.md).
 ORDERS = int(os.environ.get("FAULTS_ORDERS", "1000" if FULL else "60"))
@@ -131,6 +132,8 @@ class Fleet:
 
     def __post_init__(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
+        if PER_ORDER_ROLES & set(self.kinds):  # `aldebaran run` refuses them in the engine mode
+            self.env = {"ALDEBARAN_MODE": "per-order", **self.env}
 
     def log_path(self, kind: str) -> Path:
         return self.logs / f"{kind}.log"

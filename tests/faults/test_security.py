@@ -78,7 +78,7 @@ def test_tls_urls_work_and_no_password_is_ever_logged(fault_env, webhook, redis_
             "queue-api": lambda: pull_queue_deliveries(store.url, redis_prefix)}, timeout=180)
         alive = fleet.alive()
         # Failed logins and an untrusted certificate must fail with a masked reason.
-        base = {**env, "ALDEBARAN_LOG_FORMAT": "json"}
+        base = {**env, "ALDEBARAN_LOG_FORMAT": "json", "ALDEBARAN_MODE": "per-order"}
         cases = {
             "wrong broker password": {**base, "ALDEBARAN_AMQP_URL": env["ALDEBARAN_AMQP_URL"].replace(
                 amqp_pw, wrong_pw)},
