@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -31,6 +32,24 @@ def test_declares_every_contract_name_and_is_idempotent(vhost, worker_env) -> No
     assert second.returncode == 0, second.stderr
     assert {n: q["arguments"] for n, q in vhost.queues().items()} == {n: q["arguments"] for n, q in queues.items()}
     assert set(vhost.exchanges()) == set(exchanges)
+
+
+def test_alerts_and_channels_have_the_contracts_shape(vhost, worker_env) -> None:
+    """CONTRACT §2: the alert exchange is direct and routes its key to its queue; each channel
+    has its durable queue, and its parking queue beside it."""
+    env = dict(worker_env, ALDEBARAN_CHANNELS=json.dumps([{"name": "ops", "kind": "log"}]))
+    assert run(env).returncode == 0
+    queues, exchanges = vhost.queues(), vhost.exchanges()
+    assert exchanges["Aldebaran.Alert"]["type"] == "direct" and exchanges["Aldebaran.Alert"]["durable"]
+    assert {("Aldebaran.Trade_Data", "Aldebaran.Trade_Data", "Aldebaran.Trade_Data"),
+            ("Aldebaran.Alert", "Aldebaran.Alert", "Aldebaran.Alert")} <= vhost.bindings()
+    assert queues["Aldebaran.Channel.ops"]["durable"] and queues["Aldebaran.Channel.ops.Dead_Letter"]["durable"]
+    connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
+    channel = connection.channel()
+    channel.basic_publish("Aldebaran.Alert", "Aldebaran.Alert", b'{"alert_id": "over_purchase:1"}')
+    _method, _, body = channel.basic_get("Aldebaran.Alert", auto_ack=True)
+    connection.close()
+    assert body == b'{"alert_id": "over_purchase:1"}'
 
 
 def test_trade_data_is_routed_to_its_queue(vhost, worker_env) -> None:

@@ -44,6 +44,14 @@ class Vhost:
             response.raise_for_status()
             return {q["name"]: q for q in response.json()}
 
+    def bindings(self) -> set[tuple[str, str, str]]:
+        """(exchange, queue, routing key) of every binding from a named exchange to a queue."""
+        with _management() as http:
+            response = http.get(f"/api/bindings/{quote(self.name, safe='')}")
+            response.raise_for_status()
+            return {(b["source"], b["destination"], b["routing_key"]) for b in response.json()
+                    if b["source"] and b["destination_type"] == "queue"}
+
     def exchanges(self) -> dict[str, dict]:
         with _management() as http:
             response = http.get(f"/api/exchanges/{quote(self.name, safe='')}")
