@@ -108,6 +108,12 @@ def test_deep_nesting_and_huge_integers_are_rejected() -> None:
     assert decode_message(b"[" * 100_000).rejects[0].reason
     huge = b'{"id": 1, "#shares": 123456789012345678901234567890, "client": "c", "stock": "s"}'
     assert decode_message(huge).rejects[0].reason.startswith("#shares must be at most")
+    # An integer of 5,000 digits is past what Python and Spark's JSON reader (1,000 digits) read:
+    # the whole batch is refused with its reason, good neighbour too, as the audit reads it.
+    good = b'{"id": "ok", "#shares": 1, "client": "c", "stock": "s"}'
+    unread = decode_message(b'[{"id": ' + b"9" * 5000 + b', "#shares": 1, "client": "c", "stock": "s"}, ' + good + b"]")
+    assert (unread.events, [r.reason for r in unread.rejects]) == (
+        [], ["not valid JSON: Integer value out of range - at `$[0][...]`"])
 
 
 @hsettings(max_examples=400)
