@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 from hypothesis import assume, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -243,3 +244,22 @@ def test_past_the_shared_labels_cap_a_new_label_still_decodes_unshared(monkeypat
     assert "Fresh Client 42" not in codec._LABELS
     blank = decode_message(encode_msgpack([PurchaseRequest("r-3", 10, "   ", "AAPL")]), MSGPACK)
     assert blank.events == [] and "client" in blank.rejects[0].reason
+
+
+# Whitespace other than the space is a character: ids and labels of it are kept, in both paths and
+# in the audit, whose Spark `trim` takes off spaces alone (`spark_analytics.bodies` reads as Spark).
+WHITESPACE = ["", " ", "   ", "\t", "\n", " \t ", "\u00a0", "\u2003", "\u3000", "\u0085", "\x1c", " a ", "\ta"]
+
+
+@pytest.mark.parametrize("field", ["id", "initial_order_id", "client", "stock"])
+@pytest.mark.parametrize("value", WHITESPACE)
+def test_ids_and_labels_of_whitespace_are_judged_as_the_audit_judges_them(field: str, value: str) -> None:
+    from spark_analytics.bodies import _generic
+
+    element = {"id": "w-1", "#shares": 3, "client": "c", "stock": "s", field: value}
+    body = json.dumps([element]).encode()
+    audit_keeps = _generic(body, True)[0] is not None
+    for fast in (True, False):
+        for encoded, content_type in ((body, None), (msgspec.msgpack.encode([element]), MSGPACK)):
+            decoded = decode_message(encoded, content_type, fast=fast)
+            assert bool(decoded.events) == audit_keeps == bool(value.strip(" ")), (decoded, fast, content_type)
