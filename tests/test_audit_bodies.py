@@ -213,3 +213,17 @@ def test_the_audit_walks_again_with_sparks_parser_when_a_body_needs_it(spark, tm
     assert (code, info["verdict"]) == (0, "clean"), info["counts"]
     assert (info["counts"]["expected_alerts"], info["counts"]["trade_elements_rejected"]) == (1, 1)
     assert info["counts"]["trade_events_decoded"] == 2 and info["counts"]["trade_unreadable"] == 0
+
+
+def test_the_codecs_whitespace_cases_are_split_as_spark_reads_them(spark) -> None:
+    """`tests/test_codec.py` holds the codec to the workers' reading on these; here that reading is
+    held to Spark's, so that the codec and Spark agree on them."""
+    from tests.test_codec import KEYS, SHARE_TEXTS, TEXT_FORMS
+
+    bodies: list[Body] = [(json.dumps([{"id": "r-1", key: shares, "client": "c", "stock": "s"}]), None)
+                          for shares in SHARE_TEXTS for key in KEYS]
+    bodies += [(text, None) for text in TEXT_FORMS]
+    expected = spark_read(spark, bodies)
+    assert split(spark, bodies) == expected
+    valid = [row for row in expected if row[2]]
+    assert 0 < len(valid) < len(expected)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from aldebaran.trades.codec import (
     MSGPACK,
+    Decoded,
     DecodeError,
     decode_message,
     encode_json,
@@ -263,3 +264,41 @@ def test_ids_and_labels_of_whitespace_are_judged_as_the_audit_judges_them(field:
         for encoded, content_type in ((body, None), (msgspec.msgpack.encode([element]), MSGPACK)):
             decoded = decode_message(encoded, content_type, fast=fast)
             assert bool(decoded.events) == audit_keeps == bool(value.strip(" ")), (decoded, fast, content_type)
+
+
+def _agreed(decoded: Decoded) -> list[tuple[str, str | None, int]]:
+    return [(event.id, event.initial_order_id, event.shares) for event in decoded.events]
+
+
+SHARE_TEXTS = ["5", " 5 ", " \t5", "\t5", "5\n", "5\r\n", "5\r", "5\n\n", "5\u2028", "\u00a05", "05", "0", "-3",
+               "1" * 17, "²", "5 5", "+5", "5.0"]
+KEYS = ["#shares", "# Shares", "#\tshares", "#_SHARES", "#\u00a0shares", " #shares ", "#shares\u3000", "\uff03shares"]
+
+
+@pytest.mark.parametrize("shares", SHARE_TEXTS)
+@pytest.mark.parametrize("key", KEYS)
+def test_share_texts_and_key_spellings_are_read_as_the_audit_reads_them(shares: str, key: str) -> None:
+    """The audit reads `#shares` as Spark does: spaces trimmed, 1-16 ASCII digits, one line end
+    at most (Java's `$`); keys without ASCII whitespace or underscores, in lower case."""
+    from spark_analytics.bodies import _generic
+
+    body = json.dumps([{"id": "r-1", key: shares, "client": "c", "stock": "s"}]).encode()
+    audit = [element for element in _generic(body, True) if element is not None]
+    assert _agreed(decode_message(body)) == audit
+    assert _agreed(decode_message(body, fast=False)) == audit
+
+
+TEXT_FORMS = ["id: 7\n# shares: 5\nclient: c\nstock: s", "id: 7\r\n#shares: 5\r\nclient: c\r\nstock: s\r\n",
+              "id:\t7\n#shares: 5\nclient: c\nstock: s", "id: 7\n\t\n#shares: 5\nclient: c\nstock: s",
+              "id: 7\r#shares: 5\rclient: c\rstock: s", "id: 7\u2028#shares: 5\nclient: c\nstock: s",
+              "id: 7\n#shares: 5\nclient: c\nstock: s\ninitial order id: 3",
+              "id: 7\n\n\n#shares: 5\nclient: c\nstock: s",
+              "id: 7 \n#shares:\u00a05\nclient: c\nstock: s", "id: 7\n#shares: 5\nclient: \t\nstock: s"]
+
+
+@pytest.mark.parametrize("text", TEXT_FORMS)
+def test_text_forms_are_read_as_the_audit_reads_them(text: str) -> None:
+    from spark_analytics.bodies import _text_form
+
+    audit = [element for element in _text_form(text) if element is not None]
+    assert _agreed(decode_message(text.encode())) == audit
