@@ -44,22 +44,23 @@ def test_alerts_and_channels_have_the_contracts_shape(vhost, worker_env) -> None
     assert {("Aldebaran.Trade_Data", "Aldebaran.Trade_Data", "Aldebaran.Trade_Data"),
             ("Aldebaran.Alert", "Aldebaran.Alert", "Aldebaran.Alert")} <= vhost.bindings()
     assert queues["Aldebaran.Channel.ops"]["durable"] and queues["Aldebaran.Channel.ops.Dead_Letter"]["durable"]
+    assert routed(vhost, "Aldebaran.Alert", b'{"alert_id": "over_purchase:1"}') == b'{"alert_id": "over_purchase:1"}'
+
+
+def routed(vhost, name: str, body: bytes) -> bytes | None:
+    """`body` published to exchange `name` with routing key `name`, then taken from queue `name`."""
     connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
-    channel = connection.channel()
-    channel.basic_publish("Aldebaran.Alert", "Aldebaran.Alert", b'{"alert_id": "over_purchase:1"}')
-    _method, _, body = channel.basic_get("Aldebaran.Alert", auto_ack=True)
-    connection.close()
-    assert body == b'{"alert_id": "over_purchase:1"}'
+    try:
+        channel = connection.channel()
+        channel.basic_publish(name, name, body)
+        return channel.basic_get(name, auto_ack=True)[2]
+    finally:
+        connection.close()
 
 
 def test_trade_data_is_routed_to_its_queue(vhost, worker_env) -> None:
     assert run(worker_env).returncode == 0
-    connection = pika.BlockingConnection(pika.URLParameters(vhost.amqp_url))
-    channel = connection.channel()
-    channel.basic_publish("Aldebaran.Trade_Data", "Aldebaran.Trade_Data", b"id:1")
-    _method, _, body = channel.basic_get("Aldebaran.Trade_Data", auto_ack=True)
-    connection.close()
-    assert body == b"id:1"
+    assert routed(vhost, "Aldebaran.Trade_Data", b"id:1") == b"id:1"
 
 
 def test_quorum_queue_type_with_explicit_delivery_limit(vhost, worker_env) -> None:

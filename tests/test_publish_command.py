@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import msgspec
-import pika
 import pytest
 
 from aldebaran.settings import Settings
 from declare.declarer import declare
 from declare.topology import TRADE_DATA
+from tests.support.pipeline import Broker
 
 
 def _publish(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -24,15 +24,11 @@ def _publish(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def _ingress(settings: Settings) -> list[bytes]:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.amqp_url))
+    broker = Broker(settings.amqp_url)
     try:
-        channel = connection.channel()
-        bodies = []
-        while (got := channel.basic_get(TRADE_DATA, auto_ack=True))[0] is not None:
-            bodies.append(got[2])
-        return bodies
+        return [body for _, body in broker.drain(TRADE_DATA)]
     finally:
-        connection.close()
+        broker.close()
 
 
 def test_events_go_batched_and_unreadable_lines_go_as_they_came(settings: Settings, tmp_path: Path) -> None:
